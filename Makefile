@@ -1,0 +1,35 @@
+# One virtual environment at .venv/; every target uses it.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test lint format serve clean
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+
+# torch is installed first, alone and pinned, so no other torch build is ever pulled in.
+setup: $(VPY)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e ".[serve,dev]"
+
+test:
+	@test -x $(VPY) || $(MAKE) setup
+	$(VPY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+
+lint:
+	$(VPY) -m ruff check shortconv workers deployments tests bench
+	$(VPY) -m ruff format --check shortconv workers deployments tests bench
+
+format:
+	$(VPY) -m ruff format shortconv workers deployments tests bench
+	$(VPY) -m ruff check --fix shortconv workers deployments tests bench
+
+serve:
+	@test -x $(VPY) || $(MAKE) setup
+	$(VENV)/bin/serve run deployments/zaya1.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,151 @@
+"""Model and engine configuration, parsed once from a Hugging Face `config.json`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Architectures we serve, keyed by the `architectures[0]` / `model_type` of config.json.
+ARCH_BY_MODEL_TYPE = {"lfm2": "lfm2", "lfm2_moe": "lfm2_moe", "zaya": "zaya1"}
+ARCH_BY_CLASS = {
+    "Lfm2ForCausalLM": "lfm2",
+    "Lfm2MoeForCausalLM": "lfm2_moe",
+    "ZayaForCausalLM": "zaya1",
+}
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+class ConfigError(ValueError):
+    """A checkpoint or engine setting that cannot be served, with the reason."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture facts the engine needs; every field is resolved (no HF defaults left)."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    layer_types: tuple[str, ...]  # "conv" | "attention" (LFM2) or "cca" (ZAYA1), per layer
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rotary_dim: int
+    norm_eps: float
+    max_model_len: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    # Short conv (LFM2 / LFM2-MoE).
+    conv_width: int = 0
+    conv_bias: bool = False
+    # MoE (LFM2-MoE and ZAYA1).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_dense_layers: int = 0
+    use_expert_bias: bool = False
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    # ZAYA1 CCA.
+    cca_time0: int = 0
+    cca_time1: int = 0
+    router_hidden_size: int = 0
+    attention_bias: bool = False
+    lm_head_bias: bool = False
+    hidden_act: str = "silu"
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def attention_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t in ("attention", "cca"))
+
+    @property
+    def conv_layer_ids(self) -> tuple[int, ...]:
+        """Layers that own a slot in the conv-state pool (LFM2 conv layers, ZAYA1 CCA layers)."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t in ("conv", "cca"))
+
+    @staticmethod
+    def from_dir(model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"no config.json in {model_dir!s}: not a Hugging Face checkpoint")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+        return ModelConfig.from_hf_dict(raw)
+
+    @staticmethod
+    def from_hf_dict(raw: dict[str, Any]) -> ModelConfig:
+        from shortconv.models.registry import parse_hf_config
+
+        return parse_hf_config(raw)
+
+
+def resolve_arch(raw: dict[str, Any]) -> str:
+    """Map config.json's `architectures`/`model_type` to one of our arch names, or refuse."""
+    for cls in raw.get("architectures") or []:
+        if cls in ARCH_BY_CLASS:
+            return ARCH_BY_CLASS[cls]
+    model_type = raw.get("model_type")
+    if model_type in ARCH_BY_MODEL_TYPE:
+        return ARCH_BY_MODEL_TYPE[model_type]
+    supported = ", ".join(sorted(ARCH_BY_CLASS))
+    raise ConfigError(
+        f"unsupported architecture {raw.get('architectures')!r} (model_type={model_type!r}); "
+        f"supported: {supported}"
+    )
+
+
+def resolve_dtype(dtype: str | torch.dtype, raw: dict[str, Any] | None = None) -> torch.dtype:
+    """`auto` takes the checkpoint's `torch_dtype`/`dtype` (float32 when absent)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        found = (raw or {}).get("dtype") or (raw or {}).get("torch_dtype") or "float32"
+        return _DTYPES.get(str(found), torch.float32)
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Capacity and scheduling knobs of one engine (one replica)."""
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    num_state_slots: int = 0  # 0: max_num_seqs + 1 scratch + spare slots for session checkpoints
+    kv_page_size: int = 16
+    num_kv_pages: int = 0  # 0: enough for max_num_seqs full-length sequences, capped by memory
+    max_model_len: int = 0  # 0: the model's max_position_embeddings
+    kv_cache_bytes: int = 1 << 30  # cap on KV pages when num_kv_pages is 0
+    enable_graphs: bool = True
+    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.kv_page_size < 1:
+            raise ConfigError(f"kv_page_size must be >= 1, got {self.kv_page_size}")

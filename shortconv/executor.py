@@ -1,0 +1,29 @@
+"""Executor boundary: the engine hands a StepPlan to every rank and gets rank 0's result back."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from shortconv.plan import StepPlan, StepResult
+
+
+class ExecutorError(RuntimeError):
+    """A worker failed or died; the engine fails the step's requests with this message."""
+
+
+class BaseExecutor(ABC):
+    tp_size: int = 1
+
+    @abstractmethod
+    def execute(self, plan: StepPlan) -> StepResult: ...
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise ExecutorError when a worker is gone."""
+
+    @abstractmethod
+    def shutdown(self) -> None: ...
+
+    def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+        """Per rank: the shapes of its state tensors (tests assert each rank holds a shard)."""
+        return []

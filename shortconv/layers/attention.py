@@ -1,0 +1,43 @@
+"""LFM2 grouped-query attention with per-head q/k RMSNorm, RoPE and paged KV."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shortconv.backend import BaseStateBackend
+from shortconv.config import ModelConfig
+from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
+from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear
+from shortconv.layers.norm import RMSNorm
+from shortconv.layers.rotary import RotaryEmbedding
+from shortconv.parallel import ParallelContext
+
+
+class Lfm2Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: ParallelContext, rope: RotaryEmbedding):
+        super().__init__()
+        self.layer_id = layer_id
+        self.head_dim = d = cfg.head_dim
+        self.num_heads = tp.shard(cfg.num_heads, "attention heads")
+        self.num_kv_heads = tp.shard(cfg.num_kv_heads, "KV heads")
+        self.scale = d**-0.5
+        h = cfg.hidden_size
+        self.q_proj = ColumnParallelLinear(h, cfg.num_heads * d, False, tp)
+        self.k_proj = ColumnParallelLinear(h, cfg.num_kv_heads * d, False, tp)
+        self.v_proj = ColumnParallelLinear(h, cfg.num_kv_heads * d, False, tp)
+        self.out_proj = RowParallelLinear(cfg.num_heads * d, h, False, tp)
+        self.q_layernorm = RMSNorm(d, cfg.norm_eps)
+        self.k_layernorm = RMSNorm(d, cfg.norm_eps)
+        self.rope = rope
+
+    def forward(self, x: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_layernorm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
+        k = self.k_layernorm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        md = backend.attention_metadata(self.layer_id)
+        q, k = self.rope(md.step.positions, q, k)
+        write_kv_ref(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
+        out = paged_attention_ref(q, md.k_cache, md.v_cache, md.step, self.scale)
+        return self.out_proj(out.reshape(t, -1))

@@ -1,0 +1,83 @@
+"""Column-, row- and replicated linear layers whose parameters know how to take their shard."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shortconv.parallel import ParallelContext
+
+
+def mark_shard(param: nn.Parameter, dim: int | None, parts: int = 1) -> nn.Parameter:
+    """Record how the full checkpoint tensor maps onto this rank's parameter.
+
+    dim=None: replicated. `parts` > 1: the full tensor packs `parts` equal blocks along `dim`
+    (e.g. LFM2's in_proj = B‖C‖x) and each block is split separately.
+    """
+    param.shard_dim = dim  # type: ignore[attr-defined]
+    param.shard_parts = parts  # type: ignore[attr-defined]
+    return param
+
+
+def load_shard_(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext, name: str) -> None:
+    """Copy this rank's block of `full` into `param`, with a clear error on any shape mismatch."""
+    dim = getattr(param, "shard_dim", None)
+    parts = getattr(param, "shard_parts", 1)
+    t = full
+    if dim is not None and tp.size > 1:
+        blocks = t.chunk(parts, dim=dim)
+        t = torch.cat([b.chunk(tp.size, dim=dim)[tp.rank] for b in blocks], dim=dim)
+    if t.shape != param.shape:
+        raise ValueError(
+            f"checkpoint tensor {name!r} has shape {tuple(full.shape)}, expected "
+            f"{_full_shape(param, tp)} for this model config"
+        )
+    with torch.no_grad():
+        param.copy_(t.to(param.dtype))
+
+
+def _full_shape(param: nn.Parameter, tp: ParallelContext) -> tuple[int, ...]:
+    dim = getattr(param, "shard_dim", None)
+    shape = list(param.shape)
+    if dim is not None:
+        shape[dim] *= tp.size
+    return tuple(shape)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T (+ b); each rank holds out_features/tp rows (per packed part)."""
+
+    def __init__(self, in_f: int, out_f: int, bias: bool, tp: ParallelContext, parts: int = 1):
+        super().__init__()
+        out_local = tp.shard(out_f // parts, "output features") * parts
+        self.weight = mark_shard(nn.Parameter(torch.empty(out_local, in_f)), 0, parts)
+        self.bias = mark_shard(nn.Parameter(torch.empty(out_local)), 0, parts) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_shard W_shard^T) + b; each rank holds in_features/tp columns."""
+
+    def __init__(self, in_f: int, out_f: int, bias: bool, tp: ParallelContext):
+        super().__init__()
+        self.tp = tp
+        self.weight = mark_shard(nn.Parameter(torch.empty(out_f, tp.shard(in_f, "input features"))), 1)
+        self.bias = mark_shard(nn.Parameter(torch.empty(out_f)), None) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        # NOTE: bias after the reduction, so it is added once, not tp_size times.
+        return y + self.bias if self.bias is not None else y
+
+
+class ReplicatedLinear(nn.Module):
+    def __init__(self, in_f: int, out_f: int, bias: bool):
+        super().__init__()
+        self.weight = mark_shard(nn.Parameter(torch.empty(out_f, in_f)), None)
+        self.bias = mark_shard(nn.Parameter(torch.empty(out_f)), None) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)

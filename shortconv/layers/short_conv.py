@@ -1,0 +1,40 @@
+"""LFM2's gated short convolution: out_proj(C * conv(B * x)), state kept in the pool."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shortconv.backend import BaseStateBackend
+from shortconv.config import ModelConfig
+from shortconv.kernels import causal_conv1d_fn, causal_conv1d_update
+from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, mark_shard
+from shortconv.parallel import ParallelContext
+
+
+class ShortConv(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: ParallelContext):
+        super().__init__()
+        self.layer_id = layer_id
+        h = cfg.hidden_size
+        dim = tp.shard(h, "conv channels (hidden_size)")
+        self.in_proj = ColumnParallelLinear(h, 3 * h, cfg.conv_bias, tp, parts=3)
+        self.out_proj = RowParallelLinear(h, h, cfg.conv_bias, tp)
+        # HF stores the depthwise kernel as [dim, 1, width]; the loader squeezes it.
+        self.conv_weight = mark_shard(nn.Parameter(torch.empty(dim, cfg.conv_width)), 0)
+        self.conv_bias = mark_shard(nn.Parameter(torch.empty(dim)), 0) if cfg.conv_bias else None
+
+    def forward(self, x: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
+        b, c, u = self.in_proj(x).chunk(3, dim=-1)
+        bu = b * u  # [T, dim]
+        md = backend.conv_state_metadata(self.layer_id)
+        if md.is_decode:
+            y = causal_conv1d_update(
+                bu, md.conv_state, self.conv_weight, self.conv_bias, md.cache_indices
+            )
+        else:
+            y = causal_conv1d_fn(
+                bu.transpose(0, 1), self.conv_weight, self.conv_bias, md.conv_state,
+                md.query_start_loc, md.cache_indices, md.has_initial_state,
+            ).transpose(0, 1)
+        return self.out_proj(c * y)

@@ -1,0 +1,91 @@
+"""Offline, vLLM-shaped API: `LLM(model=...).generate(...)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from shortconv.config import EngineConfig
+from shortconv.engine import LLMEngine
+from shortconv.outputs import RequestOutput
+from shortconv.sampling_params import SamplingParams
+
+
+class LLM:
+    """Run batches of prompts to completion with continuous batching.
+
+    >>> llm = LLM(model="ckpt_dir", tp_size=1, dtype="float32", device="cpu", seed=0)
+    >>> outs = llm.generate(prompt_token_ids=[[5, 9, 13]], sampling_params=SamplingParams())
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        tp_size: int = 1,
+        dtype: str = "auto",
+        device: str = "cpu",
+        seed: int = 0,
+        **engine_kwargs: object,
+    ) -> None:
+        self.engine = LLMEngine(
+            model, tp_size=tp_size, dtype=dtype, device=device, seed=seed,
+            engine_config=EngineConfig(**engine_kwargs),  # type: ignore[arg-type]
+        )
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - Tokenizer | None
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; returns outputs in input order.
+
+        Every request is validated before any is queued, so one bad prompt changes nothing.
+        """
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("pass exactly one of prompts= or prompt_token_ids=")
+        if prompts is not None:
+            texts = [prompts] if isinstance(prompts, str) else list(prompts)
+            token_lists = [self.engine.encode_prompt(p) for p in texts]
+        else:
+            token_lists = [list(p) for p in prompt_token_ids]  # type: ignore[union-attr]
+        params = _broadcast(sampling_params, len(token_lists))
+        for toks, p in zip(token_lists, params, strict=True):
+            self.engine.validate(toks, p)
+        ids = [self.engine.add_request(t, p) for t, p in zip(token_lists, params, strict=True)]
+        done: dict[str, RequestOutput] = {}
+        try:
+            while len(done) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                if not self.engine.has_unfinished() and len(done) < len(ids):
+                    break
+        except BaseException:
+            for rid in ids:
+                if rid not in done:
+                    self.engine.abort_request(rid)
+            raise
+        errors = [o.error for o in done.values() if o.error]
+        if errors:
+            raise RuntimeError(f"generation failed: {errors[0]}")
+        return [done[rid] for rid in ids]
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _broadcast(
+    sp: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> list[SamplingParams]:
+    if sp is None:
+        return [SamplingParams()] * n
+    if isinstance(sp, SamplingParams):
+        return [sp] * n
+    if len(sp) != n:
+        raise ValueError(f"got {len(sp)} sampling_params for {n} prompts")
+    return list(sp)

@@ -1,0 +1,43 @@
+"""A request as the scheduler tracks it (mutable, owned by exactly one scheduler)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shortconv.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float | None] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    status: Status = Status.WAITING
+    slot: int | None = None
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens already folded into the slot's state and KV pages
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

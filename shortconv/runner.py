@@ -1,0 +1,95 @@
+"""ModelRunner: one rank's model shard, state-pool shard, backend and sampler; runs StepPlans."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from shortconv.backend import ShortConvBackend
+from shortconv.config import ConfigError, EngineConfig, ModelConfig
+from shortconv.loader import iter_checkpoint
+from shortconv.models.registry import model_class
+from shortconv.parallel import ParallelContext
+from shortconv.plan import StepPlan, StepResult
+from shortconv.sampler import Sampler
+from shortconv.state_pool import StatePool
+from shortconv.support import check_support
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Pool sizes, decided once by the engine and identical on every rank."""
+
+    num_slots: int
+    num_pages: int
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        model_cfg: ModelConfig,
+        engine_cfg: EngineConfig,
+        capacity: Capacity,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp: ParallelContext,
+    ) -> None:
+        check_support(model_cfg, device, tp.size)
+        self.cfg, self.tp, self.device, self.dtype = model_cfg, tp, device, dtype
+        cls = model_class(model_cfg.arch)
+        t0 = time.perf_counter()
+        with torch.device(device):
+            model = cls(model_cfg, tp)
+        model.to(dtype=dtype)
+        model.load_weights(iter_checkpoint(model_dir))
+        self.model = model.eval()
+        log.info("rank %d: loaded %s weights in %.1fs", tp.rank, model_cfg.arch, time.perf_counter() - t0)
+        kv = cls.kv_spec(model_cfg, tp, engine_cfg, capacity.num_pages)
+        specs = cls.state_specs(model_cfg, tp)
+        self.pool = StatePool(specs, kv, capacity.num_slots, dtype, device)
+        self.backend = ShortConvBackend(self.pool, device, cls.extra_state_name)
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult | None:
+        """Run one step; rank 0 returns the sampled tokens, other ranks return None."""
+        if plan.copies_before:
+            self._copy(plan.copies_before)
+        step = self.backend.begin_step(plan)
+        hidden = self.model(step.input_ids, step.positions, self.backend)
+        if plan.copies_after:
+            self._copy(plan.copies_after)
+        rows = [s.sampling for s in plan.seqs if s.sampling is not None]
+        ids = tuple(s.request_id for s in plan.seqs if s.sampling is not None)
+        if not rows:
+            return StepResult(plan.step_id, (), (), (), ()) if self.tp.rank == 0 else None
+        logits = self.model.compute_logits(hidden[step.logits_indices])
+        if self.tp.rank != 0:
+            return None
+        out = self.sampler(logits, rows)
+        return StepResult(
+            plan.step_id, ids, tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
+        )
+
+    def _copy(self, pairs: tuple[tuple[int, int], ...]) -> None:
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
+        self.pool.copy_slots(src, dst)
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = {k: tuple(v.shape) for k, v in self.pool.states.items()}
+        if self.pool.k_cache is not None:
+            shapes["kv"] = tuple(self.pool.k_cache.shape)
+        return shapes
+
+
+def check_capacity(capacity: Capacity) -> None:
+    if capacity.num_slots < 2 or capacity.num_pages < 2:
+        raise ConfigError(f"capacity too small: {capacity}")

@@ -1,0 +1,179 @@
+"""Continuous batching: admit, chunk, preempt and release, one StepPlan per step (pure Python)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from shortconv.allocators import PageAllocator, SlotAllocator
+from shortconv.plan import SeqChunk, StepPlan, StepResult
+from shortconv.request import Request, Status
+from shortconv.sampler import SamplingRow
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    page_size: int
+    eos_token_ids: tuple[int, ...] = ()
+
+
+class Scheduler:
+    """Owns slots and pages. Every exit path (finish, abort, preempt) releases both."""
+
+    def __init__(self, cfg: SchedulerConfig, slots: SlotAllocator, pages: PageAllocator):
+        self.cfg = cfg
+        self.slots, self.pages = slots, pages
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._step_id = 0
+
+    # ---- queue management -------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is not None and not req.finished:
+            self.finish(req, "abort")
+        return req
+
+    def finish(self, req: Request, reason: str) -> None:
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+        elif req.status is Status.WAITING:
+            self.waiting.remove(req)
+        self._release(req)
+        req.status, req.finish_reason = Status.FINISHED, reason
+        self.requests.pop(req.request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling -------------------------------------------------------------------
+    def schedule(self) -> StepPlan | None:
+        budget = self.cfg.max_num_batched_tokens
+        chunks: dict[str, SeqChunk] = {}
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed, budget)
+            if not self._ensure_pages(req, req.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                chunks.pop(victim.request_id, None)
+                continue  # retry the same index (or stop if the victim was this request)
+            chunks[req.request_id] = self._chunk(req, n)
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            n = min(req.num_tokens - req.num_computed, budget)
+            if not self._admit(req, n):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            chunks[req.request_id] = self._chunk(req, n)
+            budget -= n
+        if not chunks:
+            return None
+        self._step_id += 1
+        order = [r.request_id for r in self.running if r.request_id in chunks]
+        return StepPlan(self._step_id, tuple(chunks[rid] for rid in order))
+
+    def _chunk(self, req: Request, n: int) -> SeqChunk:
+        start = req.num_computed
+        ends_prompt = start + n == req.num_tokens
+        sampling = SamplingRow(req.params, req.seed, len(req.output_token_ids)) if ends_prompt else None
+        return SeqChunk(
+            request_id=req.request_id,
+            token_ids=tuple(req.all_token_ids[start : start + n]),
+            start_pos=start,
+            slot=req.slot,  # type: ignore[arg-type]
+            block_table=tuple(req.pages),
+            sampling=sampling,
+        )
+
+    def _pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.cfg.page_size)
+
+    def _ensure_pages(self, req: Request, num_tokens: int) -> bool:
+        extra = self._pages_for(num_tokens) - len(req.pages)
+        if extra <= 0:
+            return True
+        got = self.pages.alloc(extra)
+        if got is None:
+            return False
+        req.pages.extend(got)
+        return True
+
+    def _admit(self, req: Request, n: int) -> bool:
+        slot = self.slots.alloc()
+        if slot is None:
+            return False
+        req.slot = slot
+        if not self._ensure_pages(req, req.num_computed + n):
+            self.slots.free(slot)
+            req.slot = None
+            return False
+        req.status = Status.RUNNING
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        """Free everything and recompute later from prompt + generated tokens."""
+        self.running.remove(req)
+        self._release(req)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        if req.slot is not None:
+            self.slots.free(req.slot)
+            req.slot = None
+        if req.pages:
+            self.pages.free(req.pages)
+            req.pages = []
+
+    # ---- results ------------------------------------------------------------------------
+    def update(self, plan: StepPlan, result: StepResult) -> list[Request]:
+        """Advance requests by the executed plan; returns requests that got a new token."""
+        for chunk in plan.seqs:
+            req = self.requests.get(chunk.request_id)
+            if req is not None and req.status is Status.RUNNING:
+                req.num_computed += chunk.num_tokens
+        updated: list[Request] = []
+        for rid, tok, lp, top in zip(
+            result.request_ids, result.token_ids, result.logprobs, result.top_logprobs,
+            strict=True,
+        ):
+            req = self.requests.get(rid)
+            if req is None or req.status is not Status.RUNNING:
+                continue  # aborted while the step ran
+            req.output_token_ids.append(tok)
+            req.output_logprobs.append(lp)
+            req.output_top_logprobs.append(top)
+            reason = self._stop_reason(req, tok)
+            if reason is not None:
+                self.finish(req, reason)
+            updated.append(req)
+        return updated
+
+    def _stop_reason(self, req: Request, tok: int) -> str | None:
+        p = req.params
+        if not p.ignore_eos and tok in self.cfg.eos_token_ids:
+            return "stop"
+        if tok in p.stop_token_ids:
+            return "stop"
+        if len(req.output_token_ids) >= p.max_tokens:
+            return "length"
+        if req.num_tokens >= self.cfg.max_model_len:
+            return "length"
+        return None

@@ -1,0 +1,121 @@
+"""Turn a StepPlan into the step's index tensors (built on the host once, moved once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shortconv.plan import StepPlan
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """All per-step indices. B = sequences, T = new tokens, Q = longest chunk, L = longest context.
+
+    input_ids/positions [T] int64; query_start_loc int32 [B+1]; cache_indices int64 [B] (state
+    slots); has_initial_state bool [B]; seq_lens int64 [B] (context after this step);
+    token_seq_index int64 [T]; slot_mapping int64 [T] (flat KV row of each new token);
+    kv_gather int64 [B, L] (flat KV row of each context position, scratch row 0 past the end);
+    attn_mask bool [B, Q, L]; q_pad_index int64 [B*Q] into T+1 rows (row T is a zero row);
+    q_unpad_index int64 [T] into B*Q; logits_indices int64 [S] (last token of sampled chunks).
+    """
+
+    num_seqs: int
+    num_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    is_decode: bool
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    query_start_loc: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    cache_indices: torch.Tensor
+    has_initial_state: torch.Tensor
+    has_initial_state_cpu: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    token_seq_index: torch.Tensor
+    slot_mapping: torch.Tensor
+    kv_gather: torch.Tensor
+    attn_mask: torch.Tensor
+    q_pad_index: torch.Tensor
+    q_unpad_index: torch.Tensor
+    logits_indices: torch.Tensor
+
+
+def build_step_tensors(plan: StepPlan, page_size: int, device: torch.device) -> StepTensors:
+    seqs = plan.seqs
+    if not seqs:
+        raise ValueError("empty step plan")
+    lens = torch.tensor([s.num_tokens for s in seqs], dtype=torch.int64)
+    starts = torch.tensor([s.start_pos for s in seqs], dtype=torch.int64)
+    num_seqs, num_tokens = len(seqs), int(lens.sum())
+    qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(lens, 0).to(torch.int32)
+    seq_lens = starts + lens
+    max_q, max_l = int(lens.max()), int(seq_lens.max())
+
+    input_ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.int64)
+    token_seq = torch.repeat_interleave(torch.arange(num_seqs), lens)
+    token_off = torch.arange(num_tokens) - qsl[:-1].to(torch.int64)[token_seq]
+    positions = starts[token_seq] + token_off
+
+    max_pages = max(len(s.block_table) for s in seqs)
+    tables = torch.zeros((num_seqs, max(max_pages, 1)), dtype=torch.int64)  # 0 = scratch page
+    for b, s in enumerate(seqs):
+        if s.block_table:
+            tables[b, : len(s.block_table)] = torch.tensor(s.block_table, dtype=torch.int64)
+    _check_tables(tables, seq_lens, page_size)
+    slot_mapping = tables[token_seq, positions // page_size] * page_size + positions % page_size
+
+    ctx = torch.arange(max_l)
+    kv_gather = tables[:, ctx // page_size] * page_size + ctx % page_size
+    kv_gather = torch.where(ctx[None, :] < seq_lens[:, None], kv_gather, 0)
+
+    qi = torch.arange(max_q)
+    live_q = qi[None, :] < lens[:, None]  # [B, Q]
+    q_pos = starts[:, None] + qi[None, :]
+    mask = (ctx[None, None, :] <= q_pos[:, :, None]) & live_q[:, :, None]
+    # NOTE: padded query rows attend to position 0 only, so softmax never sees an all-masked row.
+    mask[:, :, 0] |= ~live_q
+    q_pad = torch.where(live_q, qsl[:-1, None].to(torch.int64) + qi[None, :], num_tokens)
+    q_unpad = token_seq * max_q + token_off
+
+    sampled = [b for b, s in enumerate(seqs) if s.sampling is not None]
+    logits_idx = (qsl[1:].to(torch.int64) - 1)[sampled] if sampled else torch.zeros(0, dtype=torch.int64)
+    has_init = starts > 0
+    slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64)
+
+    def dev(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device, non_blocking=True)
+
+    return StepTensors(
+        num_seqs=num_seqs,
+        num_tokens=num_tokens,
+        max_query_len=max_q,
+        max_seq_len=max_l,
+        is_decode=plan.is_decode,
+        input_ids=dev(input_ids),
+        positions=dev(positions),
+        query_start_loc=dev(qsl),
+        query_start_loc_cpu=qsl,
+        cache_indices=dev(slots),
+        has_initial_state=dev(has_init),
+        has_initial_state_cpu=has_init,
+        seq_lens=dev(seq_lens),
+        seq_lens_cpu=seq_lens,
+        token_seq_index=dev(token_seq),
+        slot_mapping=dev(slot_mapping),
+        kv_gather=dev(kv_gather),
+        attn_mask=dev(mask),
+        q_pad_index=dev(q_pad.reshape(-1)),
+        q_unpad_index=dev(q_unpad),
+        logits_indices=dev(logits_idx),
+    )
+
+
+def _check_tables(tables: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> None:
+    need = (seq_lens + page_size - 1) // page_size
+    if bool((need > tables.shape[1]).any()):
+        raise ValueError("a block table covers fewer positions than its sequence needs")

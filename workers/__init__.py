@@ -1,0 +1,1 @@
+"""Executors and tensor-parallel workers (Ray actors for tp_size > 1)."""

@@ -1,0 +1,11 @@
+"""Short-convolution kernels. Import the dispatching entry points from here.
+
+CUDA tensors run the Triton kernels, CPU tensors the torch reference; `SHORTCONV_KERNELS`
+(`torch` or `triton`) forces one. See `dispatch` for details.
+"""
+
+from __future__ import annotations
+
+from shortconv.kernels.dispatch import causal_conv1d_fn, causal_conv1d_update, resolve_backend
+
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "resolve_backend"]

@@ -1,0 +1,150 @@
+"""Pure-torch reference for the depthwise causal short convolution (prefill and decode).
+
+Both entry points are vectorised over the batch and never read device values on the host, so
+the decode path can be captured in a CUDA graph and the prefill path needs no per-request loop.
+
+Pad rows (cache index == pad_slot_id) get zero outputs and leave every state slot untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _out_like(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """An output [rows, cols] in the same major order as x (token-major views stay token-major)."""
+    if x.dim() == 2 and x.stride(0) == 1 and x.stride(1) != 1:
+        return torch.empty(cols, rows, dtype=x.dtype, device=x.device).t()
+    return torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+
+
+def _scatter_states(
+    conv_states: torch.Tensor,
+    slots: torch.Tensor,
+    live: torch.Tensor,
+    new_states: torch.Tensor,
+) -> None:
+    """conv_states[slots[b]] = new_states[b] for live rows only, without a host sync.
+
+    Boolean-mask indexing would sync (data-dependent size), so every row writes somewhere:
+    a pad row is redirected to the first live row's slot with that row's value, so duplicate
+    indices always carry identical data and the result is order-independent. When no row is
+    live, all rows rewrite slot 0 with its own current content, which is a no-op.
+    """
+    first_live = torch.argmax(live.to(torch.int32))
+    any_live = live.any()
+    rows = torch.arange(slots.numel(), device=slots.device)
+    src_row = torch.where(live, rows, first_live)
+    target = torch.where(any_live, slots[src_row], torch.zeros_like(slots))
+    src = torch.where(any_live, new_states[src_row].to(conv_states.dtype), conv_states[target])
+    conv_states.index_copy_(0, target.to(torch.int64), src)
+
+
+def causal_conv1d_fn_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    pad_slot_id: int = -1,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Varlen causal depthwise conv over packed sequences; updates conv_states in place.
+
+    Shapes: x [dim, T] (any strides), weight [dim, W], bias [dim] or None,
+    conv_states [n_slots, dim, W-1], query_start_loc int [B+1], cache_indices int [B],
+    has_initial_state bool [B]. Returns out [dim, T] in x's dtype (written into `out` when
+    given). Sequence b owns tokens query_start_loc[b]:query_start_loc[b+1]; its window runs
+    over [initial state or zeros ‖ its tokens]. Pad rows, and tokens past
+    query_start_loc[-1], produce zeros; pad rows touch no state.
+    """
+    dim, total = x.shape
+    width = weight.shape[1]
+    wm1 = width - 1
+    batch = cache_indices.numel()
+    dev = x.device
+    if out is None:
+        out = _out_like(x, dim, total)
+    if batch == 0:
+        return out.zero_()
+    qsl = query_start_loc.to(device=dev, dtype=torch.int64)
+    slots = cache_indices.to(device=dev, dtype=torch.int64)
+    live = slots != pad_slot_id
+    safe_slots = torch.where(live, slots, torch.zeros_like(slots))
+    use_init = live & has_initial_state.to(device=dev, dtype=torch.bool)
+
+    # Buffer columns: B blocks of W-1 initial-state columns, then the T packed tokens.
+    init = conv_states[safe_slots].to(torch.float32)  # [B, dim, W-1]
+    init = torch.where(use_init[:, None, None], init, torch.zeros_like(init))
+    init_cols = init.permute(1, 0, 2).reshape(dim, batch * wm1)
+    buf = torch.cat([init_cols, x.to(torch.float32)], dim=1)  # [dim, B*(W-1) + T]
+
+    # searchsorted (not repeat_interleave) keeps the sequence lookup free of host syncs.
+    tok = torch.arange(total, device=dev)
+    seq_raw = torch.searchsorted(qsl[1:], tok, right=True)
+    # Tokens past query_start_loc[-1] (graph padding) belong to no sequence: they output zeros.
+    seq = seq_raw.clamp(max=batch - 1)
+    pos = tok - qsl[seq]  # position inside its sequence
+    q = pos[:, None] + torch.arange(width, device=dev)[None, :]  # index into u = [state ‖ x_b]
+    from_state = q < wm1
+    idx = torch.where(from_state, seq[:, None] * wm1 + q, batch * wm1 + qsl[seq][:, None] + q - wm1)
+    win = buf[:, idx]  # [dim, T, W]
+    acc = (win * weight.to(torch.float32)[:, None, :]).sum(-1)
+    if bias is not None:
+        acc = acc + bias.to(torch.float32)[:, None]
+    tok_live = live[seq] & (seq_raw < batch)
+    acc = torch.where(tok_live[None, :], acc, torch.zeros_like(acc))
+
+    out.copy_(acc)
+
+    if wm1 > 0:
+        # New state = last W-1 columns of u_b; u_b is shorter than W-1 only through its state.
+        lens = qsl[1:] - qsl[:-1]
+        k = lens[:, None] + torch.arange(wm1, device=dev)[None, :]  # [B, W-1] index into u_b
+        sidx = torch.where(
+            k < wm1,
+            torch.arange(batch, device=dev)[:, None] * wm1 + k,
+            batch * wm1 + qsl[:-1, None] + k - wm1,
+        )
+        new_states = buf[:, sidx].permute(1, 0, 2)  # [B, dim, W-1]
+        _scatter_states(conv_states, slots, live, new_states)
+    return out
+
+
+def causal_conv1d_update_ref(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state_indices: torch.Tensor,
+    pad_slot_id: int = -1,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One decode token per row: conv over [state ‖ x], then shift x into the state in place.
+
+    Shapes: x [B, dim], conv_state [n_slots, dim, W-1], weight [dim, W], bias [dim] or None,
+    conv_state_indices int [B]. Returns out [B, dim] in x's dtype. Pad rows produce zeros and
+    touch no state. No host syncs, so it is safe under CUDA graph capture.
+    """
+    dev = x.device
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    if x.shape[0] == 0:
+        return out
+    slots = conv_state_indices.to(device=dev, dtype=torch.int64)
+    live = slots != pad_slot_id
+    safe_slots = torch.where(live, slots, torch.zeros_like(slots))
+    state = conv_state[safe_slots].to(torch.float32)  # [B, dim, W-1]
+    u = torch.cat([state, x.to(torch.float32)[:, :, None]], dim=2)  # [B, dim, W]
+    acc = (u * weight.to(torch.float32)[None]).sum(-1)
+    if bias is not None:
+        acc = acc + bias.to(torch.float32)[None]
+    acc = torch.where(live[:, None], acc, torch.zeros_like(acc))
+    out.copy_(acc)
+    if conv_state.shape[2] > 0:
+        _scatter_states(conv_state, slots, live, u[:, :, 1:])
+    return out

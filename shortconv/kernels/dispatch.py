@@ -1,0 +1,103 @@
+"""Backend choice for the short-conv kernels: Triton on CUDA, the torch reference elsewhere.
+
+`SHORTCONV_KERNELS=torch|triton` forces one backend. It is read from os.environ on every call
+(a dict lookup), so tests can flip it with monkeypatch.setenv and nothing needs resetting.
+`SHORTCONV_KERNELS=triton` on CPU tensors works under `TRITON_INTERPRET=1`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+
+from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
+
+ENV_VAR = "SHORTCONV_KERNELS"
+_BACKENDS = ("torch", "triton")
+
+
+def _triton_module() -> ModuleType:
+    """Import the Triton kernels (lazily: triton is an optional, dev/GPU-only dependency)."""
+    try:
+        return importlib.import_module("shortconv.kernels.conv1d_triton")
+    except ImportError as exc:
+        raise RuntimeError(
+            f"{ENV_VAR}=triton (or a CUDA tensor) needs the triton package, which failed to "
+            f"import ({exc}). Install it with `pip install triton==3.6.0` (part of the `dev` "
+            f"extra), or set {ENV_VAR}=torch to use the pure-torch reference."
+        ) from exc
+
+
+def resolve_backend(device: torch.device) -> str:
+    """'torch' or 'triton' for tensors on `device`, honouring SHORTCONV_KERNELS."""
+    forced = os.environ.get(ENV_VAR, "").strip().lower()
+    if forced:
+        if forced not in _BACKENDS:
+            raise ValueError(f"{ENV_VAR} must be one of {_BACKENDS}, got {forced!r}")
+        return forced
+    return "triton" if device.type == "cuda" else "torch"
+
+
+def _pick(
+    device: torch.device, name: str, ref: Callable[..., torch.Tensor]
+) -> Callable[..., torch.Tensor]:
+    if resolve_backend(device) == "torch":
+        return ref
+    try:
+        return getattr(_triton_module(), name)
+    except RuntimeError as exc:
+        if os.environ.get(ENV_VAR):
+            raise  # explicitly asked for triton: never degrade silently
+        # Default CUDA choice without triton installed: stay functional, but say so.
+        warnings.warn(f"{exc} Falling back to the torch reference.", stacklevel=3)
+        return ref
+
+
+def causal_conv1d_fn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    pad_slot_id: int = -1,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Varlen (prefill) short conv; see `conv1d_ref.causal_conv1d_fn_ref` for the contract.
+
+    x [dim, T], weight [dim, W], bias [dim] | None, conv_states [n_slots, dim, W-1] (updated in
+    place), query_start_loc int [B+1], cache_indices int [B], has_initial_state bool [B]
+    -> out [dim, T]. Pad rows get zero outputs and keep their state.
+    """
+    fn = _pick(x.device, "causal_conv1d_fn_triton", causal_conv1d_fn_ref)
+    return fn(
+        x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+        pad_slot_id, out=out,
+    )  # fmt: skip
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state_indices: torch.Tensor,
+    pad_slot_id: int = -1,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode short conv, one token per row; see `conv1d_ref.causal_conv1d_update_ref`.
+
+    x [B, dim], conv_state [n_slots, dim, W-1] (shifted in place), weight [dim, W],
+    bias [dim] | None, conv_state_indices int [B] -> out [B, dim]. Pad rows get zero outputs
+    and keep their state.
+    """
+    fn = _pick(x.device, "causal_conv1d_update_triton", causal_conv1d_update_ref)
+    return fn(x, conv_state, weight, bias, conv_state_indices, pad_slot_id, out=out)

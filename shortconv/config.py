@@ -32,6 +32,10 @@ class ConfigError(ValueError):
     """A checkpoint or engine setting that cannot be served, with the reason."""
 
 
+class CheckpointError(ValueError):
+    """The checkpoint's files do not match the model its config.json describes."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture facts the engine needs; every field is resolved (no HF defaults left)."""

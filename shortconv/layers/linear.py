@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shortconv.config import CheckpointError
 from shortconv.parallel import ParallelContext
 
 
@@ -29,7 +30,7 @@ def load_shard_(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext, na
         blocks = t.chunk(parts, dim=dim)
         t = torch.cat([b.chunk(tp.size, dim=dim)[tp.rank] for b in blocks], dim=dim)
     if t.shape != param.shape:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint tensor {name!r} has shape {tuple(full.shape)}, expected "
             f"{_full_shape(param, tp)} for this model config"
         )

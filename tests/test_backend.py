@@ -1,0 +1,65 @@
+"""The per-step resolver runs once per step, however many layers read it (extend and decode)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import shortconv.backend as backend_mod
+from shortconv.engine import LLMEngine
+from shortconv.sampling_params import SamplingParams
+from shortconv.tools.make_tiny import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = make_tiny_checkpoint("lfm2", tmp_path_factory.mktemp("lfm2"), seed=3)
+    return LLMEngine(path, dtype="float32")
+
+
+def test_resolution_once_per_step(engine, monkeypatch):
+    runner = engine.executor.runner
+    backend = runner.backend
+    builds, conv_calls, attn_calls = [], [], []
+    real_build = backend_mod.build_step_tensors
+    monkeypatch.setattr(
+        backend_mod, "build_step_tensors", lambda *a, **k: builds.append(1) or real_build(*a, **k)
+    )
+    real_conv, real_attn = backend.conv_state_metadata, backend.attention_metadata
+    monkeypatch.setattr(backend, "conv_state_metadata", lambda i: conv_calls.append(i) or real_conv(i))
+    monkeypatch.setattr(backend, "attention_metadata", lambda i: attn_calls.append(i) or real_attn(i))
+    cfg = engine.model_cfg
+    n_conv = sum(t == "conv" for t in cfg.layer_types)
+    n_attn = sum(t == "attention" for t in cfg.layer_types)
+    engine.add_request([5, 6, 7, 8], SamplingParams(temperature=0.0, max_tokens=3))
+    engine.add_request([9, 10], SamplingParams(temperature=0.0, max_tokens=3))
+    for phase in ("extend", "decode", "decode"):
+        before = backend.num_resolutions
+        builds.clear(), conv_calls.clear(), attn_calls.clear()
+        engine.step()
+        assert backend.num_resolutions - before == 1, phase
+        assert len(builds) == 1, phase
+        assert sorted(conv_calls) == sorted(i for i, t in enumerate(cfg.layer_types) if t == "conv")
+        assert len(conv_calls) == n_conv and len(attn_calls) == n_attn
+        assert backend.step.is_decode == (phase == "decode")
+
+
+def test_metadata_contract_types(engine):
+    engine.add_request([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=1))
+    engine.step()
+    backend = engine.executor.runner.backend
+    layer = engine.model_cfg.conv_layer_ids[0]
+    md = backend.conv_state_metadata(layer)
+    assert md.cache_indices.dtype == torch.int64
+    assert md.query_start_loc.dtype == torch.int32 and md.query_start_loc.shape == (2,)
+    assert md.has_initial_state.dtype == torch.bool
+    assert md.conv_state.data_ptr() == backend.pool.state("conv", layer).data_ptr()
+
+
+def test_incomplete_backend_refused_at_construction():
+    class Partial(backend_mod.BaseStateBackend):
+        def begin_step(self, plan):  # noqa: ANN001, ANN202
+            return None
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()

@@ -21,7 +21,9 @@ from shortconv.tokenizer import IncrementalDetokenizer, Tokenizer
 log = logging.getLogger(__name__)
 
 
-def plan_capacity(cfg: ModelConfig, eng: EngineConfig, max_len: int, dtype: torch.dtype) -> Capacity:
+def plan_capacity(
+    cfg: ModelConfig, eng: EngineConfig, max_len: int, dtype: torch.dtype
+) -> Capacity:
     # Spare slots beyond max_num_seqs hold kept session checkpoints.
     slots = eng.num_state_slots or 2 * eng.max_num_seqs + 1
     if eng.num_kv_pages:
@@ -65,8 +67,11 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.scheduler = Scheduler(
             SchedulerConfig(
-                eng.max_num_seqs, eng.max_num_batched_tokens, self.max_model_len,
-                eng.kv_page_size, tuple(sorted(eos)),
+                eng.max_num_seqs,
+                eng.max_num_batched_tokens,
+                self.max_model_len,
+                eng.kv_page_size,
+                tuple(sorted(eos)),
             ),
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),
@@ -75,7 +80,14 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
 
     def _make_executor(self, tp_size: int) -> BaseExecutor:
-        args = (self.model_dir, self.model_cfg, self.engine_cfg, self.capacity, self.dtype, self.device)
+        args = (
+            self.model_dir,
+            self.model_cfg,
+            self.engine_cfg,
+            self.capacity,
+            self.dtype,
+            self.device,
+        )
         if tp_size == 1:
             from workers.local_executor import LocalExecutor
 
@@ -108,16 +120,23 @@ class LLMEngine:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none")
 
     def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        session_id: str | None = None,
     ) -> str:
+        """Queue a request. With `session_id`, state is kept after it finishes and the
+        session's next turn resumes from it when its prompt extends this one's tokens."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         n = next(self._ids)
         rid = request_id if request_id is not None else f"req-{n}"
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)
-        self.scheduler.add(Request(rid, prompt_token_ids, params, seed))
+        self.scheduler.add(Request(rid, prompt_token_ids, params, seed, session_id=session_id))
         self._outputs[rid] = RequestOutput(
-            rid, prompt_token_ids,
+            rid,
+            prompt_token_ids,
             logprobs=[] if params.logprobs is not None else None,
             top_logprobs=[] if params.logprobs else None,
         )
@@ -150,6 +169,7 @@ class LLMEngine:
 
     def _emit(self, req: Request) -> RequestOutput:
         out = self._outputs[req.request_id]
+        out.num_cached_tokens = req.num_cached_tokens
         tok = req.output_token_ids[-1]
         out.new_token_ids = [tok]
         out.token_ids.append(tok)

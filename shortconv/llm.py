@@ -28,7 +28,11 @@ class LLM:
         **engine_kwargs: object,
     ) -> None:
         self.engine = LLMEngine(
-            model, tp_size=tp_size, dtype=dtype, device=device, seed=seed,
+            model,
+            tp_size=tp_size,
+            dtype=dtype,
+            device=device,
+            seed=seed,
             engine_config=EngineConfig(**engine_kwargs),  # type: ignore[arg-type]
         )
 

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from shortconv.sampling_params import SamplingParams
+from shortconv.sessions import Checkpoint
 
 
 class Status(enum.Enum):
@@ -29,6 +30,9 @@ class Request:
     num_computed: int = 0  # tokens already folded into the slot's state and KV pages
     num_preemptions: int = 0
     finish_reason: str | None = None
+    session_id: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens resumed from kept session state
+    prompt_ckpt: Checkpoint | None = None  # end-of-prompt snapshot, kept with the session
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -50,7 +50,9 @@ class ModelRunner:
         model.to(dtype=dtype)
         model.load_weights(iter_checkpoint(model_dir))
         self.model = model.eval()
-        log.info("rank %d: loaded %s weights in %.1fs", tp.rank, model_cfg.arch, time.perf_counter() - t0)
+        log.info(
+            "rank %d: loaded %s weights in %.1fs", tp.rank, model_cfg.arch, time.perf_counter() - t0
+        )
         kv = cls.kv_spec(model_cfg, tp, engine_cfg, capacity.num_pages)
         specs = cls.state_specs(model_cfg, tp)
         self.pool = StatePool(specs, kv, capacity.num_slots, dtype, device)

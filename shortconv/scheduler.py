@@ -9,6 +9,7 @@ from shortconv.allocators import PageAllocator, SlotAllocator
 from shortconv.plan import SeqChunk, StepPlan, StepResult
 from shortconv.request import Request, Status
 from shortconv.sampler import SamplingRow
+from shortconv.sessions import Checkpoint, SessionStore
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class SchedulerConfig:
     max_model_len: int
     page_size: int
     eos_token_ids: tuple[int, ...] = ()
+    session_ttl_s: float = 600.0
 
 
 class Scheduler:
@@ -29,6 +31,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self.sessions = SessionStore(slots, pages, cfg.session_ttl_s)
         self._step_id = 0
 
     # ---- queue management -------------------------------------------------------------
@@ -49,6 +52,8 @@ class Scheduler:
             self.running.remove(req)
         elif req.status is Status.WAITING:
             self.waiting.remove(req)
+        if req.session_id is not None and reason in ("stop", "length") and req.slot is not None:
+            self._keep_session(req)
         self._release(req)
         req.status, req.finish_reason = Status.FINISHED, reason
         self.requests.pop(req.request_id, None)
@@ -58,39 +63,49 @@ class Scheduler:
 
     # ---- scheduling -------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
+        self.sessions.evict_idle()
         budget = self.cfg.max_num_batched_tokens
         chunks: dict[str, SeqChunk] = {}
+        copies: list[tuple[int, int]] = []
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed, budget)
-            if not self._ensure_pages(req, req.num_computed + n):
+            if not self._ensure_pages(req, req.num_computed + n, evict=True):
                 victim = self.running[-1]
                 self._preempt(victim)
                 chunks.pop(victim.request_id, None)
                 continue  # retry the same index (or stop if the victim was this request)
-            chunks[req.request_id] = self._chunk(req, n)
+            chunks[req.request_id] = self._chunk(req, n, copies)
             budget -= n
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
+            self._maybe_resume(req)
             n = min(req.num_tokens - req.num_computed, budget)
             if not self._admit(req, n):
                 break
             self.waiting.popleft()
             self.running.append(req)
-            chunks[req.request_id] = self._chunk(req, n)
+            chunks[req.request_id] = self._chunk(req, n, copies)
             budget -= n
         if not chunks:
             return None
         self._step_id += 1
         order = [r.request_id for r in self.running if r.request_id in chunks]
-        return StepPlan(self._step_id, tuple(chunks[rid] for rid in order))
+        # A preempted request's snapshot copy must not run: its slot was freed.
+        live = {chunks[rid].slot for rid in order}
+        after = tuple(c for c in copies if c[0] in live)
+        return StepPlan(self._step_id, tuple(chunks[rid] for rid in order), copies_after=after)
 
-    def _chunk(self, req: Request, n: int) -> SeqChunk:
+    def _chunk(self, req: Request, n: int, copies: list[tuple[int, int]]) -> SeqChunk:
         start = req.num_computed
         ends_prompt = start + n == req.num_tokens
-        sampling = SamplingRow(req.params, req.seed, len(req.output_token_ids)) if ends_prompt else None
+        sampling = (
+            SamplingRow(req.params, req.seed, len(req.output_token_ids)) if ends_prompt else None
+        )
+        if ends_prompt and req.session_id is not None and not req.output_token_ids:
+            self._snapshot_prompt(req, copies)
         return SeqChunk(
             request_id=req.request_id,
             token_ids=tuple(req.all_token_ids[start : start + n]),
@@ -103,38 +118,79 @@ class Scheduler:
     def _pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.cfg.page_size)
 
-    def _ensure_pages(self, req: Request, num_tokens: int) -> bool:
+    def _ensure_pages(self, req: Request, num_tokens: int, evict: bool) -> bool:
+        """Grow req's pages to cover num_tokens, evicting idle kept sessions (LRU) if allowed."""
         extra = self._pages_for(num_tokens) - len(req.pages)
         if extra <= 0:
             return True
         got = self.pages.alloc(extra)
+        while got is None and evict and self.sessions.evict_lru():
+            got = self.pages.alloc(extra)
         if got is None:
             return False
         req.pages.extend(got)
         return True
 
-    def _admit(self, req: Request, n: int) -> bool:
+    def _alloc_slot(self) -> int | None:
         slot = self.slots.alloc()
-        if slot is None:
-            return False
-        req.slot = slot
-        if not self._ensure_pages(req, req.num_computed + n):
-            self.slots.free(slot)
-            req.slot = None
+        while slot is None and self.sessions.evict_lru():
+            slot = self.slots.alloc()
+        return slot
+
+    def _admit(self, req: Request, n: int) -> bool:
+        if req.slot is None:
+            req.slot = self._alloc_slot()
+            if req.slot is None:
+                return False
+        if not self._ensure_pages(req, req.num_computed + n, evict=True):
+            # NOTE: a resumed request keeps its slot and pages while it waits (its kept state
+            # must not be lost); a fresh one gives its new slot back.
+            if not req.num_cached_tokens:
+                self.slots.free(req.slot)
+                req.slot = None
             return False
         req.status = Status.RUNNING
         return True
+
+    # ---- sessions ---------------------------------------------------------------------
+    def _maybe_resume(self, req: Request) -> None:
+        if req.session_id is None or req.slot is not None or req.num_preemptions:
+            return
+        resume = self.sessions.take(req.session_id, req.prompt_token_ids)
+        if resume is not None:
+            req.slot, req.pages = resume.slot, resume.pages
+            req.num_computed = req.num_cached_tokens = resume.num_tokens
+
+    def _snapshot_prompt(self, req: Request, copies: list[tuple[int, int]]) -> None:
+        """Copy the slot's state at the end of this step into a spare slot (if one is free);
+        share the prompt's KV pages with it."""
+        spare = self.slots.alloc()
+        if spare is None:
+            return
+        prompt_pages = req.pages[: self._pages_for(len(req.prompt_token_ids))]
+        self.pages.share(prompt_pages)
+        req.prompt_ckpt = Checkpoint(spare, tuple(req.prompt_token_ids), tuple(prompt_pages))
+        copies.append((req.slot, spare))  # type: ignore[arg-type]
+
+    def _keep_session(self, req: Request) -> None:
+        gen = Checkpoint(req.slot, tuple(req.all_token_ids[: req.num_computed]), tuple(req.pages))  # type: ignore[arg-type]
+        self.sessions.keep(req.session_id, gen, req.prompt_ckpt)  # type: ignore[arg-type]
+        req.slot, req.pages, req.prompt_ckpt = None, [], None
 
     def _preempt(self, req: Request) -> None:
         """Free everything and recompute later from prompt + generated tokens."""
         self.running.remove(req)
         self._release(req)
-        req.num_computed = 0
+        req.num_computed = req.num_cached_tokens = 0
         req.num_preemptions += 1
         req.status = Status.WAITING
         self.waiting.appendleft(req)
 
     def _release(self, req: Request) -> None:
+        if req.prompt_ckpt is not None:
+            self.slots.free(req.prompt_ckpt.slot)
+            self.pages.free(list(req.prompt_ckpt.pages))
+            req.prompt_ckpt = None
         if req.slot is not None:
             self.slots.free(req.slot)
             req.slot = None
@@ -151,7 +207,10 @@ class Scheduler:
                 req.num_computed += chunk.num_tokens
         updated: list[Request] = []
         for rid, tok, lp, top in zip(
-            result.request_ids, result.token_ids, result.logprobs, result.top_logprobs,
+            result.request_ids,
+            result.token_ids,
+            result.logprobs,
+            result.top_logprobs,
             strict=True,
         ):
             req = self.requests.get(rid)

@@ -83,7 +83,9 @@ def build_step_tensors(plan: StepPlan, page_size: int, device: torch.device) -> 
     q_unpad = token_seq * max_q + token_off
 
     sampled = [b for b, s in enumerate(seqs) if s.sampling is not None]
-    logits_idx = (qsl[1:].to(torch.int64) - 1)[sampled] if sampled else torch.zeros(0, dtype=torch.int64)
+    logits_idx = (
+        (qsl[1:].to(torch.int64) - 1)[sampled] if sampled else torch.zeros(0, dtype=torch.int64)
+    )
     has_init = starts > 0
     slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64)
 

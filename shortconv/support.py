@@ -39,3 +39,10 @@ def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
     for what, n in dims.items():
         if n % tp_size:
             raise ConfigError(f"tp_size={tp_size} does not divide {what} = {n}")
+    if cfg.arch == "zaya1" and tp_size > 1 and cfg.num_kv_heads % (2 * tp_size):
+        # Half of ZAYA1's value heads carry the previous token; each rank takes a block of both.
+        raise ConfigError(
+            f"tp_size={tp_size} needs KV heads (num_key_value_heads) = {cfg.num_kv_heads} to be "
+            f"divisible by 2*tp_size = {2 * tp_size} for ZAYA1 (current- and previous-token "
+            "value heads are split separately)"
+        )

@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from shortconv.allocators import SCRATCH_PAGE, SCRATCH_SLOT, AllocatorError, PageAllocator, SlotAllocator
+from shortconv.allocators import (
+    SCRATCH_PAGE,
+    SCRATCH_SLOT,
+    AllocatorError,
+    PageAllocator,
+    SlotAllocator,
+)
 
 
 def test_slots_never_hand_out_scratch_and_are_unique():

@@ -26,8 +26,12 @@ def test_resolution_once_per_step(engine, monkeypatch):
         backend_mod, "build_step_tensors", lambda *a, **k: builds.append(1) or real_build(*a, **k)
     )
     real_conv, real_attn = backend.conv_state_metadata, backend.attention_metadata
-    monkeypatch.setattr(backend, "conv_state_metadata", lambda i: conv_calls.append(i) or real_conv(i))
-    monkeypatch.setattr(backend, "attention_metadata", lambda i: attn_calls.append(i) or real_attn(i))
+    monkeypatch.setattr(
+        backend, "conv_state_metadata", lambda i: conv_calls.append(i) or real_conv(i)
+    )
+    monkeypatch.setattr(
+        backend, "attention_metadata", lambda i: attn_calls.append(i) or real_attn(i)
+    )
     cfg = engine.model_cfg
     n_conv = sum(t == "conv" for t in cfg.layer_types)
     n_attn = sum(t == "attention" for t in cfg.layer_types)

@@ -100,8 +100,16 @@ def test_bad_prompts_rejected_and_nothing_queued(llm, prompts, match):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"temperature": -1.0}, {"temperature": float("nan")}, {"top_p": 0.0}, {"top_p": 1.5},
-     {"min_p": 2.0}, {"max_tokens": 0}, {"stop": ["x"] * 100}, {"logprobs": 1000}],
+    [
+        {"temperature": -1.0},
+        {"temperature": float("nan")},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"min_p": 2.0},
+        {"max_tokens": 0},
+        {"stop": ["x"] * 100},
+        {"logprobs": 1000},
+    ],
 )
 def test_invalid_sampling_values(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):

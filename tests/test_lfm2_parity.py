@@ -10,8 +10,8 @@ from oracle import assert_matches_oracle, oracle_greedy
 from transformers import AutoModelForCausalLM
 
 from shortconv import LLM, SamplingParams
-from shortconv.engine import LLMEngine
 from shortconv.config import EngineConfig
+from shortconv.engine import LLMEngine
 from shortconv.tools.make_tiny import make_tiny_checkpoint
 
 CONFIGS = {
@@ -19,33 +19,52 @@ CONFIGS = {
     "lfm2-L4-bias": (
         "lfm2",
         {
-            "hidden_size": 48, "conv_L_cache": 4, "conv_bias": True, "num_key_value_heads": 1,
-            "num_attention_heads": 4, "num_hidden_layers": 4,
+            "hidden_size": 48,
+            "conv_L_cache": 4,
+            "conv_bias": True,
+            "num_key_value_heads": 1,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 4,
             "layer_types": ["full_attention", "conv", "conv", "full_attention"],
         },
     ),
     "lfm2-mha-wide": (
         "lfm2",
         {
-            "hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 6,
-            "num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
-            "block_auto_adjust_ff_dim": True, "block_multiple_of": 32, "intermediate_size": 200,
+            "hidden_size": 96,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 6,
+            "num_hidden_layers": 3,
+            "layer_types": ["conv", "full_attention", "conv"],
+            "block_auto_adjust_ff_dim": True,
+            "block_multiple_of": 32,
+            "intermediate_size": 200,
         },
     ),
     "moe-base": ("lfm2_moe", {}),
     "moe-top1-L4": (
         "lfm2_moe",
         {
-            "num_experts": 6, "num_experts_per_tok": 1, "conv_L_cache": 4, "conv_bias": True,
-            "num_dense_layers": 2, "norm_topk_prob": False, "routed_scaling_factor": 1.7,
+            "num_experts": 6,
+            "num_experts_per_tok": 1,
+            "conv_L_cache": 4,
+            "conv_bias": True,
+            "num_dense_layers": 2,
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 1.7,
             "num_hidden_layers": 4,
             "layer_types": ["conv", "conv", "full_attention", "conv"],
         },
     ),
     "moe-top3-nobias": (
         "lfm2_moe",
-        {"num_experts": 8, "num_experts_per_tok": 3, "use_expert_bias": False,
-         "num_key_value_heads": 4, "num_dense_layers": 0},
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 3,
+            "use_expert_bias": False,
+            "num_key_value_heads": 4,
+            "num_dense_layers": 0,
+        },
     ),
 }
 LENGTHS = [1, 2, 3, 5, 8, 13, 21, 34, 55, 64]

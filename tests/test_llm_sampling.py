@@ -19,7 +19,9 @@ PROMPTS = [[5, 9, 13], [7, 8], list(range(30, 50))]
 
 
 def test_seeded_sampling_reproducible_and_batch_independent(llm):
-    p = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=1234, max_tokens=12, ignore_eos=True)
+    p = SamplingParams(
+        temperature=0.9, top_p=0.9, top_k=50, seed=1234, max_tokens=12, ignore_eos=True
+    )
     a = llm.generate(prompt_token_ids=PROMPTS, sampling_params=p)
     b = llm.generate(prompt_token_ids=PROMPTS[::-1], sampling_params=p)
     assert [o.token_ids for o in a] == [o.token_ids for o in b[::-1]]
@@ -32,7 +34,8 @@ def test_seeded_sampling_reproducible_and_batch_independent(llm):
 
 def test_max_tokens_and_finish_reason(llm):
     out = llm.generate(
-        prompt_token_ids=[[5, 6]], sampling_params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        prompt_token_ids=[[5, 6]],
+        sampling_params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
     )[0]
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
 
@@ -54,7 +57,9 @@ def test_text_prompts_and_stop_strings(llm):
     stop = full.text[3:5]
     cut = llm.generate(
         prompts=["Hello there"],
-        sampling_params=SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop]),
+        sampling_params=SamplingParams(
+            temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop]
+        ),
     )[0]
     assert cut.finish_reason == "stop"
     assert cut.text == full.text[: full.text.index(stop)]

@@ -11,7 +11,9 @@ from shortconv.scheduler import Scheduler, SchedulerConfig
 P = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
-def make(budget: int = 8, seqs: int = 4, slots: int = 9, pages: int = 64, page: int = 4) -> Scheduler:
+def make(
+    budget: int = 8, seqs: int = 4, slots: int = 9, pages: int = 64, page: int = 4
+) -> Scheduler:
     cfg = SchedulerConfig(seqs, budget, max_model_len=256, page_size=page, eos_token_ids=(2,))
     return Scheduler(cfg, SlotAllocator(slots), PageAllocator(pages))
 

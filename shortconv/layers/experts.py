@@ -20,7 +20,11 @@ class FusedExperts(nn.Module):
     """
 
     def __init__(
-        self, num_experts: int, hidden: int, inter: int, tp: ParallelContext,
+        self,
+        num_experts: int,
+        hidden: int,
+        inter: int,
+        tp: ParallelContext,
         act: Callable[[torch.Tensor], torch.Tensor] = F.silu,
     ):
         super().__init__()

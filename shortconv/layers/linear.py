@@ -65,7 +65,9 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_f: int, out_f: int, bias: bool, tp: ParallelContext):
         super().__init__()
         self.tp = tp
-        self.weight = mark_shard(nn.Parameter(torch.empty(out_f, tp.shard(in_f, "input features"))), 1)
+        self.weight = mark_shard(
+            nn.Parameter(torch.empty(out_f, tp.shard(in_f, "input features"))), 1
+        )
         self.bias = mark_shard(nn.Parameter(torch.empty(out_f)), None) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,12 @@ class ShortConv(nn.Module):
             )
         else:
             y = causal_conv1d_fn(
-                bu.transpose(0, 1), self.conv_weight, self.conv_bias, md.conv_state,
-                md.query_start_loc, md.cache_indices, md.has_initial_state,
+                bu.transpose(0, 1),
+                self.conv_weight,
+                self.conv_bias,
+                md.conv_state,
+                md.query_start_loc,
+                md.cache_indices,
+                md.has_initial_state,
             ).transpose(0, 1)
         return self.out_proj(c * y)

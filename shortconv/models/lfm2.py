@@ -54,7 +54,9 @@ class Lfm2ForCausalLM(nn.Module):
         rope = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.max_model_len)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(Lfm2Layer(cfg, i, tp, rope) for i in range(cfg.num_layers))
-        self.embedding_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)  # HF's name; it is the final norm
+        self.embedding_norm = RMSNorm(
+            cfg.hidden_size, cfg.norm_eps
+        )  # HF's name; it is the final norm
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight

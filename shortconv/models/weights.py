@@ -1,4 +1,4 @@
-"""Map checkpoint tensors onto a model's (sharded) parameters, refusing anything that doesn't fit."""
+"""Map checkpoint tensors onto a model's parameters; refuse anything that does not fit."""
 
 from __future__ import annotations
 
@@ -55,7 +55,9 @@ class WeightLoader:
         self._fuse_experts()
         missing = sorted(set(self.params) - self.loaded)
         if missing:
-            raise CheckpointError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
+            raise CheckpointError(
+                f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}"
+            )
 
     def put(self, name: str, tensor: torch.Tensor, hf_name: str) -> None:
         param = self.params[name]

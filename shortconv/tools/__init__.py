@@ -1,0 +1,1 @@
+"""Developer tools (tiny checkpoint generation for tests and local runs)."""

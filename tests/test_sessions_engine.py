@@ -1,0 +1,84 @@
+"""Session state kept across turns in the engine: resume equals recompute, LRU eviction, release."""
+
+from __future__ import annotations
+
+import pytest
+
+from shortconv.config import EngineConfig
+from shortconv.engine import LLMEngine
+from shortconv.sampling_params import SamplingParams
+from shortconv.tools.make_tiny import make_tiny_checkpoint
+
+G = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe"])
+def ckpt(request, tmp_path_factory):
+    return make_tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param), seed=11)
+
+
+def run(eng: LLMEngine, prompt: list[int], session: str | None = None) -> tuple[list[int], int]:
+    rid = eng.add_request(prompt, G, session_id=session)
+    while True:
+        for out in eng.step():
+            if out.request_id == rid and out.finished:
+                return out.token_ids, out.num_cached_tokens
+
+
+def test_resume_from_generation_equals_recompute(ckpt):
+    eng = LLMEngine(ckpt, dtype="float32", engine_config=EngineConfig(max_num_batched_tokens=8))
+    ref = LLMEngine(ckpt, dtype="float32")
+    p1 = [5, 9, 13, 17, 21, 25, 29]
+    out1, cached1 = run(eng, p1, "s")
+    assert cached1 == 0
+    # All generated tokens but the last were folded into state; the last is the new suffix.
+    p2 = p1 + out1 + [40, 41, 42]
+    out2, cached2 = run(eng, p2, "s")
+    assert cached2 == len(p1) + len(out1) - 1
+    assert out2 == run(ref, p2)[0]
+    p3 = p2 + out2 + [50]
+    out3, cached3 = run(eng, p3, "s")
+    assert cached3 == len(p2) + len(out2) - 1 and out3 == run(ref, p3)[0]
+
+
+def test_resume_from_prompt_checkpoint_when_answer_rerendered(ckpt):
+    eng = LLMEngine(ckpt, dtype="float32")
+    ref = LLMEngine(ckpt, dtype="float32")
+    p1 = [5, 9, 13, 17, 21, 25, 29, 33, 37]
+    out1, _ = run(eng, p1, "s")
+    different_answer = [(t + 1) % 500 for t in out1]
+    p2 = p1 + different_answer + [60, 61]
+    out2, cached2 = run(eng, p2, "s")
+    assert cached2 == len(p1)
+    assert out2 == run(ref, p2)[0]
+
+
+def test_mismatch_is_full_prefill_and_other_sessions_unaffected(ckpt):
+    eng = LLMEngine(ckpt, dtype="float32")
+    ref = LLMEngine(ckpt, dtype="float32")
+    a1, _ = run(eng, [5, 6, 7, 8], "a")
+    run(eng, [9, 10, 11], "b")
+    out, cached = run(eng, [100, 101, 102], "a")
+    assert cached == 0 and out == run(ref, [100, 101, 102])[0]
+    pb = [9, 10, 11] + [1, 2, 3]
+    outb, cachedb = run(eng, pb, "b")
+    assert cachedb == 0 or outb == run(ref, pb)[0]
+
+
+def test_lru_eviction_under_slot_pressure_and_release(ckpt):
+    cfg = EngineConfig(max_num_seqs=2, num_state_slots=5, max_num_batched_tokens=64)
+    eng = LLMEngine(ckpt, dtype="float32", engine_config=cfg)
+    ref = LLMEngine(ckpt, dtype="float32")
+    sched = eng.scheduler
+    for i in range(6):  # far more sessions than spare slots: older ones are evicted
+        out, _ = run(eng, [5 + i, 6, 7, 8], f"s{i}")
+        assert out == run(ref, [5 + i, 6, 7, 8])[0]
+    assert sched.sessions.evictions > 0
+    assert sched.slots.num_used <= sched.slots.capacity
+    # The newest session survived and resumes.
+    p = [10, 6, 7, 8] + out + [1]
+    out2, cached = run(eng, p, "s5")
+    assert cached > 0 and out2 == run(ref, p)[0]
+    while sched.sessions.evict_lru():
+        pass
+    assert sched.slots.num_used == 0 and sched.pages.num_used == 0

@@ -33,7 +33,7 @@ class LLM:
             dtype=dtype,
             device=device,
             seed=seed,
-            engine_config=EngineConfig(**engine_kwargs),  # type: ignore[arg-type]
+            engine_config=_engine_config(engine_kwargs),
         )
 
     @property
@@ -81,6 +81,14 @@ class LLM:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def _engine_config(kwargs: dict[str, object]) -> EngineConfig:
+    known = set(EngineConfig.__dataclass_fields__)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"unknown LLM option(s) {unknown}; engine options are {sorted(known)}")
+    return EngineConfig(**kwargs)  # type: ignore[arg-type]
 
 
 def _broadcast(

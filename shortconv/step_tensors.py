@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shortconv.plan import StepPlan
+from shortconv.plan import SeqChunk, StepPlan
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def build_step_tensors(plan: StepPlan, page_size: int, device: torch.device) -> 
     for b, s in enumerate(seqs):
         if s.block_table:
             tables[b, : len(s.block_table)] = torch.tensor(s.block_table, dtype=torch.int64)
-    _check_tables(tables, seq_lens, page_size)
+    _check_tables(seqs, page_size)
     slot_mapping = tables[token_seq, positions // page_size] * page_size + positions % page_size
 
     ctx = torch.arange(max_l)
@@ -117,7 +117,12 @@ def build_step_tensors(plan: StepPlan, page_size: int, device: torch.device) -> 
     )
 
 
-def _check_tables(tables: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> None:
-    need = (seq_lens + page_size - 1) // page_size
-    if bool((need > tables.shape[1]).any()):
-        raise ValueError("a block table covers fewer positions than its sequence needs")
+def _check_tables(seqs: tuple[SeqChunk, ...], page_size: int) -> None:
+    """A short block table would silently send KV rows to the scratch page: refuse it."""
+    for s in seqs:
+        need = -(-(s.start_pos + s.num_tokens) // page_size)
+        if len(s.block_table) < need:
+            raise ValueError(
+                f"request {s.request_id}: block table has {len(s.block_table)} pages, "
+                f"needs {need} for {s.start_pos + s.num_tokens} positions"
+            )

@@ -126,3 +126,8 @@ def test_text_prompt_without_tokenizer(ckpt, tmp_path):
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate(prompts=["hello"], sampling_params=G)
     assert len(llm.generate(prompt_token_ids=[[5]], sampling_params=G)[0].token_ids) == 2
+
+
+def test_unknown_engine_option(ckpt):
+    with pytest.raises(ValueError, match="unknown LLM option.*max_num_seq"):
+        LLM(model=ckpt, max_num_seq=4)

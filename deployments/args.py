@@ -1,0 +1,33 @@
+"""The application's arguments (the YAML `args:` block), validated at the edge with pydantic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AppArgs(BaseModel):
+    """Arguments of `deployments.app:build`.
+
+    `model` is a checkpoint directory; when it is None the app serves a tiny random checkpoint
+    of `tiny_arch`, built by `shortconv.tools.make_tiny` on first start and cached.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    served_model_name: str | None = None
+    tiny_arch: Literal["lfm2", "lfm2_moe", "zaya1"] = "zaya1"
+    tp_size: int = Field(1, ge=1)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["cpu", "cuda"] = "cpu"
+    max_num_seqs: int = Field(32, ge=1)
+    max_num_batched_tokens: int = Field(512, ge=1)
+    num_state_slots: int = Field(0, ge=0)
+    max_model_len: int = Field(0, ge=0)
+    session_ttl_s: float = Field(600.0, gt=0)
+    max_waiting_requests: int = Field(256, ge=1)
+    max_request_bytes: int = Field(1 << 20, ge=1024)
+    api_key: str | None = None
+    model_root: str | None = None

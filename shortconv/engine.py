@@ -16,6 +16,7 @@ from shortconv.request import Request
 from shortconv.runner import Capacity
 from shortconv.sampling_params import SamplingParams
 from shortconv.scheduler import Scheduler, SchedulerConfig
+from shortconv.stats import EngineStats
 from shortconv.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class LLMEngine:
         )
         self._outputs: dict[str, RequestOutput] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._counts = {"prompt": 0, "generation": 0, "cached": 0}
+        self._finished: dict[str, int] = {}
+        extra = _extra_state(self.model_cfg)
+        self._pools = ("conv",) + ((extra,) if extra else ())
 
     def _make_executor(self, tp_size: int) -> BaseExecutor:
         args = (
@@ -150,6 +155,7 @@ class LLMEngine:
         self._detok.pop(request_id, None)
         if out is not None and req is not None:
             out.finish_reason = req.finish_reason or "abort"
+            self._count_finished(out.finish_reason)
         return out
 
     def has_unfinished(self) -> bool:
@@ -169,6 +175,10 @@ class LLMEngine:
 
     def _emit(self, req: Request) -> RequestOutput:
         out = self._outputs[req.request_id]
+        if not out.token_ids:  # first token: the prompt is done
+            self._counts["prompt"] += len(req.prompt_token_ids)
+            self._counts["cached"] += req.num_cached_tokens
+        self._counts["generation"] += 1
         out.num_cached_tokens = req.num_cached_tokens
         tok = req.output_token_ids[-1]
         out.new_token_ids = [tok]
@@ -188,6 +198,7 @@ class LLMEngine:
             out.text += out.new_text
         if req.finished:
             out.finish_reason = req.finish_reason
+            self._count_finished(req.finish_reason)
             self._outputs.pop(req.request_id, None)
             self._detok.pop(req.request_id, None)
         return out
@@ -200,9 +211,40 @@ class LLMEngine:
             out = self._outputs.pop(rid)
             self._detok.pop(rid, None)
             out.finish_reason, out.error = "error", message
+            self._count_finished("error")
             failed.append(out)
         log.error("step failed, %d requests failed: %s", len(failed), message)
         return failed
 
+    def _count_finished(self, reason: str | None) -> None:
+        key = reason or "unknown"
+        self._finished[key] = self._finished.get(key, 0) + 1
+
+    def stats(self) -> EngineStats:
+        sch = self.scheduler
+        return EngineStats(
+            pools=self._pools,
+            slots_used=sch.slots.num_used,
+            slots_total=sch.slots.capacity,
+            kv_pages_used=sch.pages.num_used,
+            kv_pages_total=sch.pages.capacity,
+            num_running=len(sch.running),
+            num_waiting=len(sch.waiting),
+            sessions_held=len(sch.sessions),
+            session_hits=sch.sessions.hits,
+            session_misses=sch.sessions.misses,
+            session_evictions=sch.sessions.evictions,
+            prompt_tokens_total=self._counts["prompt"],
+            generation_tokens_total=self._counts["generation"],
+            cached_tokens_total=self._counts["cached"],
+            finished_by_reason=dict(self._finished),
+        )
+
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _extra_state(cfg: ModelConfig) -> str | None:
+    from shortconv.models.registry import model_class
+
+    return getattr(model_class(cfg.arch), "extra_state_name", None)

@@ -82,3 +82,24 @@ def test_lru_eviction_under_slot_pressure_and_release(ckpt):
     while sched.sessions.evict_lru():
         pass
     assert sched.slots.num_used == 0 and sched.pages.num_used == 0
+
+
+def test_stats_track_occupancy_and_return_to_idle(ckpt):
+    eng = LLMEngine(ckpt, dtype="float32")
+    idle = eng.stats()
+    assert idle.slots_used == 0 and idle.kv_pages_used == 0 and idle.pools[0] == "conv"
+    rid = eng.add_request([5, 6, 7], G, session_id="x")
+    eng.step()
+    busy = eng.stats()
+    assert busy.slots_used >= 1 and busy.kv_pages_used >= 1 and busy.num_running == 1
+    while eng.has_unfinished():
+        eng.step()
+    kept = eng.stats()
+    assert kept.sessions_held == 1 and kept.finished_by_reason == {"length": 1}
+    assert kept.prompt_tokens_total == 3 and kept.generation_tokens_total == 6
+    eng.add_request([1, 2], G, request_id="gone")
+    eng.step()
+    eng.abort_request("gone")
+    eng.scheduler.sessions.drop("x")
+    assert eng.stats().slots_used == 0 and eng.stats().kv_pages_used == 0
+    assert rid

@@ -1,0 +1,31 @@
+"""A cheap snapshot of engine state for metrics, health and tests (read on the engine thread)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Occupancy and counters. Slot pools share slot ids, so every pool reports the same usage;
+    `pools` lists the state kinds the model keeps ("conv", plus "prev_state" for ZAYA1)."""
+
+    pools: tuple[str, ...]
+    slots_used: int
+    slots_total: int
+    kv_pages_used: int
+    kv_pages_total: int
+    num_running: int
+    num_waiting: int
+    sessions_held: int
+    session_hits: int
+    session_misses: int
+    session_evictions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    cached_tokens_total: int
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_pages_used / self.kv_pages_total if self.kv_pages_total else 0.0

@@ -12,6 +12,9 @@ class AppArgs(BaseModel):
 
     `model` is a checkpoint directory; when it is None the app serves a tiny random checkpoint
     of `tiny_arch`, built by `shortconv.tools.make_tiny` on first start and cached.
+    `seed` seeds the tiny checkpoint and the sampling of requests that bring no seed.
+    `replica_num_cpus` is what Ray reserves for the LLMServer replica itself (TP workers get
+    their own bundles when tp_size > 1).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -31,3 +34,5 @@ class AppArgs(BaseModel):
     max_request_bytes: int = Field(1 << 20, ge=1024)
     api_key: str | None = None
     model_root: str | None = None
+    seed: int = 0
+    replica_num_cpus: float = Field(0.5, gt=0)

@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1
+# shortconv-serve image for the Helm chart (k8s/shortconv): Ray 2.60.0 on Python 3.11, with the
+# project installed. One Dockerfile, two variants:
+#   docker build -t shortconv-serve:0.1.0 .                                # CPU
+#   docker build --build-arg VARIANT=gpu -t shortconv-serve:0.1.0-gpu .    # CUDA
+# Ray, the Serve app and the TP workers all import the installed package, so the image carries no
+# source tree on the import path that could shadow it.
+ARG RAY_VERSION=2.60.0
+ARG VARIANT=cpu
+FROM rayproject/ray:${RAY_VERSION}-py311-${VARIANT}
+
+ARG VARIANT
+ARG TORCH_VERSION=2.13.0
+# Empty: PyTorch's CPU-only index for the CPU variant (PyPI's default torch wheel pulls several GB
+# of CUDA libraries that a CPU image never uses), PyPI's CUDA build for the GPU variant.
+ARG TORCH_INDEX_URL=
+
+# torch first, alone and pinned, so that installing the project never resolves a different build.
+RUN if [ -z "${TORCH_INDEX_URL}" ] && [ "${VARIANT}" = "cpu" ]; then \
+        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; \
+    fi; \
+    pip install --no-cache-dir "torch==${TORCH_VERSION}" \
+        ${TORCH_INDEX_URL:+--index-url "${TORCH_INDEX_URL}"}
+
+COPY --chown=ray:users pyproject.toml README.md /tmp/shortconv-src/
+COPY --chown=ray:users shortconv /tmp/shortconv-src/shortconv
+COPY --chown=ray:users workers /tmp/shortconv-src/workers
+COPY --chown=ray:users deployments /tmp/shortconv-src/deployments
+RUN pip install --no-cache-dir "/tmp/shortconv-src[serve]" \
+    && rm -rf /tmp/shortconv-src \
+    && cd /home/ray \
+    && python -c "import shortconv, workers, deployments.app"
+
+WORKDIR /home/ray

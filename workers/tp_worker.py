@@ -1,0 +1,88 @@
+"""One tensor-parallel rank as a Ray actor: model shard + state-pool shard + ModelRunner."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+import ray
+import torch
+import torch.distributed as dist
+
+from shortconv.config import EngineConfig, ModelConfig
+from shortconv.parallel import ParallelContext
+from shortconv.plan import StepPlan, StepResult
+from shortconv.runner import Capacity, ModelRunner
+from workers.dist_init import destroy_distributed, free_port, init_distributed, local_device
+
+# Per-step compute times kept for benchmarks; bounded so a long-running server never grows it.
+_MAX_TIMINGS = 4096
+
+
+class TPWorker:
+    """Rank `rank` of `world_size`. Built empty, then `setup()` joins torch.distributed and loads
+    this rank's shard of the weights; `execute(plan)` runs every step with the same plan as every
+    other rank. Rank 0 returns the StepResult, the others None.
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.runner: ModelRunner | None = None
+        self._timings: deque[tuple[int, float]] = deque(maxlen=_MAX_TIMINGS)
+
+    def rendezvous_address(self) -> str:
+        """tcp:// address on this node for the group's store (called on rank 0 only)."""
+        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def setup(
+        self,
+        init_method: str,
+        model_dir: str | Path,
+        model_cfg: ModelConfig,
+        engine_cfg: EngineConfig,
+        capacity: Capacity,
+        dtype: torch.dtype,
+        device_type: str,
+        timeout_s: float,
+    ) -> None:
+        device = local_device(device_type)
+        init_distributed(init_method, self.rank, self.world_size, device_type, timeout_s)
+        tp = ParallelContext(self.rank, self.world_size, dist.group.WORLD)
+        self.runner = ModelRunner(model_dir, model_cfg, engine_cfg, capacity, dtype, device, tp)
+
+    def execute(self, plan: StepPlan) -> StepResult | None:
+        runner = self._ready()
+        t0 = time.perf_counter()
+        out = runner.execute(plan)
+        self._timings.append((plan.step_id, time.perf_counter() - t0))
+        return out
+
+    def _ready(self) -> ModelRunner:
+        if self.runner is None:
+            raise RuntimeError(f"TP rank {self.rank} is not set up")
+        return self.runner
+
+    # ---- introspection (health checks, tests, benchmarks) ----------------------------------
+    def ping(self) -> int:
+        return self.rank
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self._ready().state_shapes()
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(p.shape) for n, p in self._ready().model.named_parameters()}
+
+    def last_cache_indices(self) -> list[int]:
+        """The state slots this rank resolved for the latest step (must match on every rank)."""
+        return self._ready().backend.step.cache_indices.tolist()
+
+    def pop_timings(self) -> list[tuple[int, float]]:
+        """(step_id, seconds inside ModelRunner.execute) since the last call."""
+        out = list(self._timings)
+        self._timings.clear()
+        return out
+
+    def shutdown(self) -> None:
+        self.runner = None
+        destroy_distributed()

@@ -6,6 +6,22 @@ CUDA tensors run the Triton kernels, CPU tensors the torch reference; `SHORTCONV
 
 from __future__ import annotations
 
-from shortconv.kernels.dispatch import causal_conv1d_fn, causal_conv1d_update, resolve_backend
+from shortconv.kernels.dispatch import (
+    causal_conv1d_fn,
+    causal_conv1d_update,
+    cca_conv_fn,
+    cca_conv_update,
+    cca_prev_value_fn,
+    cca_prev_value_update,
+    resolve_backend,
+)
 
-__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "resolve_backend"]
+__all__ = [
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "cca_conv_fn",
+    "cca_conv_update",
+    "cca_prev_value_fn",
+    "cca_prev_value_update",
+    "resolve_backend",
+]

@@ -15,16 +15,22 @@ from types import ModuleType
 
 import torch
 
+from shortconv.kernels.cca_ref import (
+    cca_conv_fn_ref,
+    cca_conv_update_ref,
+    cca_prev_value_fn_ref,
+    cca_prev_value_update_ref,
+)
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
 
 ENV_VAR = "SHORTCONV_KERNELS"
 _BACKENDS = ("torch", "triton")
 
 
-def _triton_module() -> ModuleType:
+def _triton_module(module: str = "conv1d_triton") -> ModuleType:
     """Import the Triton kernels (lazily: triton is an optional, dev/GPU-only dependency)."""
     try:
-        return importlib.import_module("shortconv.kernels.conv1d_triton")
+        return importlib.import_module(f"shortconv.kernels.{module}")
     except ImportError as exc:
         raise RuntimeError(
             f"{ENV_VAR}=triton (or a CUDA tensor) needs the triton package, which failed to "
@@ -44,12 +50,15 @@ def resolve_backend(device: torch.device) -> str:
 
 
 def _pick(
-    device: torch.device, name: str, ref: Callable[..., torch.Tensor]
+    device: torch.device,
+    name: str,
+    ref: Callable[..., torch.Tensor],
+    module: str = "conv1d_triton",
 ) -> Callable[..., torch.Tensor]:
     if resolve_backend(device) == "torch":
         return ref
     try:
-        return getattr(_triton_module(), name)
+        return getattr(_triton_module(module), name)
     except RuntimeError as exc:
         if os.environ.get(ENV_VAR):
             raise  # explicitly asked for triton: never degrade silently
@@ -101,3 +110,59 @@ def causal_conv1d_update(
     """
     fn = _pick(x.device, "causal_conv1d_update_triton", causal_conv1d_update_ref)
     return fn(x, conv_state, weight, bias, conv_state_indices, pad_slot_id, out=out)
+
+
+def cca_conv_fn(
+    x: torch.Tensor,
+    w0: torch.Tensor,
+    b0: torch.Tensor | None,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    pad_slot_id: int = -1,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Varlen two-stage CCA conv (ZAYA1 prefill); see `cca_ref.cca_conv_fn_ref`.
+
+    x [C, T] raw q‖k, w0 [C, t0], b0 [C] | None, w1 [C, g, t1], b1 [C] | None,
+    conv_states [n_slots, C, (t0-1)+(t1-1)] (updated in place), query_start_loc int [B+1],
+    cache_indices int [B], has_initial_state bool [B] -> out [C, T]. Pad rows get zero
+    outputs and keep their state.
+    """
+    fn = _pick(x.device, "cca_conv_fn_triton", cca_conv_fn_ref, "cca_triton")
+    return fn(
+        x, w0, b0, w1, b1, conv_states, query_start_loc, cache_indices, has_initial_state,
+        pad_slot_id, out=out,
+    )  # fmt: skip
+
+
+def cca_conv_update(
+    x: torch.Tensor,
+    conv_states: torch.Tensor,
+    w0: torch.Tensor,
+    b0: torch.Tensor | None,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    cache_indices: torch.Tensor,
+    pad_slot_id: int = -1,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode two-stage CCA conv, one token per row; see `cca_ref.cca_conv_update_ref`.
+
+    x [B, C], conv_states [n_slots, C, K] (shifted in place), weights as in `cca_conv_fn`,
+    cache_indices int [B] -> out [B, C]. Pad rows get zero outputs and keep their state.
+    """
+    fn = _pick(x.device, "cca_conv_update_triton", cca_conv_update_ref, "cca_triton")
+    return fn(x, conv_states, w0, b0, w1, b1, cache_indices, pad_slot_id, out=out)
+
+
+# NOTE: ZAYA1's previous-token value is a gather plus a row scatter with no arithmetic, which
+# the torch reference already does graph-safely in a few launches; it has no Triton twin, so
+# these names run the reference on every backend.
+cca_prev_value_fn = cca_prev_value_fn_ref
+cca_prev_value_update = cca_prev_value_update_ref

@@ -15,13 +15,13 @@ from torch import nn
 
 from shortconv.backend import BaseStateBackend
 from shortconv.config import ModelConfig
-from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
-from shortconv.kernels.cca_ref import (
-    cca_conv_fn_ref,
-    cca_conv_update_ref,
-    cca_prev_value_fn_ref,
-    cca_prev_value_update_ref,
+from shortconv.kernels import (
+    cca_conv_fn,
+    cca_conv_update,
+    cca_prev_value_fn,
+    cca_prev_value_update,
 )
+from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
 from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, mark_shard
 from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.parallel import ParallelContext
@@ -97,12 +97,12 @@ class CCAProjection(nn.Module):
         dw, gw = self.conv_qk_depthwise, self.conv_qk_grouped
         delayed = self.v_proj_delayed(x)
         if md.is_decode:
-            conv = cca_conv_update_ref(
+            conv = cca_conv_update(
                 qk, md.conv_state, dw.weight, dw.bias, gw.weight, gw.bias, md.cache_indices
             )
-            prev = cca_prev_value_update_ref(delayed, md.extra_state, md.cache_indices)
+            prev = cca_prev_value_update(delayed, md.extra_state, md.cache_indices)
         else:
-            conv = cca_conv_fn_ref(
+            conv = cca_conv_fn(
                 qk.t(),
                 dw.weight,
                 dw.bias,
@@ -114,7 +114,7 @@ class CCAProjection(nn.Module):
                 md.has_initial_state,
             ).t()
             # A fresh sequence's first token sees v_proj_delayed(0), which is the bias.
-            prev = cca_prev_value_fn_ref(
+            prev = cca_prev_value_fn(
                 delayed,
                 md.extra_state,
                 self.v_proj_delayed.bias,

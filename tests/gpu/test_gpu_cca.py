@@ -1,0 +1,155 @@
+"""Compiled Triton CCA conv kernels (ZAYA1) against the torch reference at GPU model shapes.
+
+Fixture-free like test_gpu_kernels.py, so a GPU check script can call these functions without
+pytest. The interpreted twins of these checks are tests/test_cca_triton.py.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+PAD = -1
+DTYPES = ((torch.float32, torch.int64), (torch.bfloat16, torch.int32))  # (values, indices)
+# (Hq, Hk, head_dim): ZAYA1-like full width, its TP=2 shard, and a head_dim that is not a
+# power of two (the kernel pads the head to a block and masks the tail).
+HEADS = ((16, 2, 128), (8, 1, 128), (4, 2, 96))
+TAPS = ((2, 2), (3, 3), (1, 3), (3, 1))
+LENS = (129, 1, 17, 2, 64, 3)  # 129: one past a power of two
+
+
+def _weights(chans: int, t0: int, t1: int, d: int, g: torch.Generator, dtype: torch.dtype):
+    w = (
+        torch.randn(chans, t0, generator=g) + 0.3,
+        torch.randn(chans, generator=g),
+        torch.randn(chans, d, t1, generator=g) / (d * t1) ** 0.5,
+        torch.randn(chans, generator=g),
+    )
+    return tuple(t.cuda().to(dtype) for t in w)
+
+
+def _batch(hq: int, hk: int, d: int, t0: int, t1: int, dtype: torch.dtype):
+    g = torch.Generator(device="cpu").manual_seed(hq * 1000 + d + 10 * t0 + t1)
+    chans, k = (hq + hk) * d, (t0 - 1) + (t1 - 1)
+    n = len(LENS) + 1  # plus one pad row
+    all_lens = (*LENS[:2], 5, *LENS[2:])  # the pad row (5 tokens) sits third
+    total = sum(all_lens) + 3  # + graph-padding tokens past query_start_loc[-1]
+    x = (torch.randn(total, 2 * chans, generator=g) + 0.5)[:, :chans].t()  # token-major view
+    states = torch.randn(2 * n + 1, chans, k, generator=g)
+    qsl = torch.tensor([0, *torch.tensor(all_lens).cumsum(0).tolist()], dtype=torch.int32)
+    slots = torch.randperm(2 * n, generator=g)[:n] + 1
+    slots[2] = PAD
+    init = torch.rand(n, generator=g) > 0.3
+    w = _weights(chans, t0, t1, d, g, dtype)
+    cast = [t.cuda().to(dtype) for t in (x, states)]
+    return (*cast, w, qsl.cuda(), slots.cuda(), init.cuda())
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+
+def test_cca_fn_matches_ref_at_model_shapes():
+    from shortconv.kernels.cca_ref import cca_conv_fn_ref
+    from shortconv.kernels.cca_triton import cca_conv_fn_triton
+
+    for hq, hk, d in HEADS:
+        for t0, t1 in TAPS:
+            for dtype in (torch.float32, torch.bfloat16):
+                x, states, w, qsl, slots, init = _batch(hq, hk, d, t0, t1, dtype)
+                ref_states, before = states.clone(), states.clone()
+                want = cca_conv_fn_ref(x, *w, ref_states, qsl, slots, init, PAD)
+                out = torch.full(x.shape, float("nan"), device="cuda", dtype=dtype)
+                cca_conv_fn_triton(x, *w, states, qsl, slots, init, PAD, out=out)
+                torch.testing.assert_close(out, want, **_tol(dtype))
+                case = (hq, hk, d, t0, t1, dtype)
+                assert torch.equal(states, ref_states), case  # pure copies: bit-identical
+                owned = set(slots.tolist()) - {PAD}
+                for slot in range(states.shape[0]):
+                    if slot not in owned:
+                        assert torch.equal(states[slot], before[slot]), (case, slot)
+
+
+def test_cca_update_matches_ref_at_model_shapes():
+    from shortconv.kernels.cca_ref import cca_conv_update_ref
+    from shortconv.kernels.cca_triton import cca_conv_update_triton
+
+    g = torch.Generator(device="cpu").manual_seed(3)
+    for hq, hk, d in HEADS:
+        chans = (hq + hk) * d
+        for t0, t1 in TAPS:
+            for batch in (1, 7, 129, 256):
+                for dtype, idx_dtype in DTYPES:
+                    w = _weights(chans, t0, t1, d, g, dtype)
+                    x = torch.randn(batch, 3 * chans, generator=g)[:, :chans].cuda().to(dtype)
+                    k = (t0 - 1) + (t1 - 1)
+                    states = torch.randn(batch + 2, chans, k, generator=g).cuda().to(dtype)
+                    slots = torch.randperm(batch + 1, generator=g)[:batch] + 1
+                    slots[batch // 2] = PAD
+                    slots = slots.to(idx_dtype).cuda()
+                    ref_states = states.clone()
+                    want = cca_conv_update_ref(x, ref_states, *w, slots, PAD)
+                    got = cca_conv_update_triton(x, states, *w, slots, PAD)
+                    torch.testing.assert_close(got, want, **_tol(dtype))
+                    assert torch.equal(states, ref_states), (hq, d, t0, t1, batch, dtype)
+
+
+def test_cca_update_replays_in_a_cuda_graph():
+    """Captured once, replayed over refreshed indices and inputs: equal to eager every time."""
+    from shortconv.kernels.cca_triton import cca_conv_update_triton
+
+    hq, hk, d, batch = 16, 2, 128, 32
+    chans = (hq + hk) * d
+    g = torch.Generator(device="cpu").manual_seed(5)
+    w = _weights(chans, 2, 2, d, g, torch.float32)
+    x = torch.randn(batch, chans, device="cuda")
+    states = torch.randn(batch * 2 + 1, chans, 2, device="cuda")
+    idx = torch.zeros(batch, dtype=torch.int64, device="cuda")  # scratch slot at capture
+    out = torch.empty(batch, chans, device="cuda")
+    cca_conv_update_triton(x, states, *w, idx, out=out)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cca_conv_update_triton(x, states, *w, idx, out=out)
+    for step in range(3):
+        idx.copy_(torch.randperm(2 * batch, device="cuda")[:batch] + 1)
+        idx[step] = PAD
+        x.copy_(torch.randn(batch, chans, device="cuda"))
+        ref_states = states.clone()
+        want = cca_conv_update_triton(x, ref_states, *w, idx.clone())
+        graph.replay()
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        assert torch.equal(states, ref_states), step
+
+
+def test_zaya1_greedy_tokens_same_on_cuda():
+    """Tiny ZAYA1 on CUDA: Triton CCA kernels (the default there) give the torch tokens."""
+    from shortconv import LLM, SamplingParams
+    from shortconv.tools.make_tiny import make_tiny_checkpoint
+
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompts = [[5, 9, 13, 200, 7], [42, 3], list(range(30, 70))]
+    saved = os.environ.get("SHORTCONV_KERNELS")
+    tokens = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_tiny_checkpoint("zaya1", tmp, {"cca_time0": 3, "cca_time1": 2}, seed=3)
+        llm = LLM(model=path, dtype="float32", device="cuda", seed=0, enable_graphs=False)
+        try:
+            for backend in ("torch", "triton"):
+                os.environ["SHORTCONV_KERNELS"] = backend
+                outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+                tokens[backend] = [o.token_ids for o in outs]
+        finally:
+            llm.shutdown()
+            if saved is None:
+                os.environ.pop("SHORTCONV_KERNELS", None)
+            else:
+                os.environ["SHORTCONV_KERNELS"] = saved
+    assert tokens["triton"] == tokens["torch"]

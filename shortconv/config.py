@@ -143,6 +143,9 @@ class EngineConfig:
     kv_cache_bytes: int = 1 << 30  # cap on KV pages when num_kv_pages is 0
     enable_graphs: bool = True
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    # Decode contexts (tokens) the captured graphs cover, each capped at max_model_len; longer
+    # contexts decode eagerly. See shortconv.graph_runner for why context is bucketed.
+    graph_context_sizes: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -11,6 +11,7 @@ import torch
 
 from shortconv.backend import ShortConvBackend
 from shortconv.config import ConfigError, EngineConfig, ModelConfig
+from shortconv.graph_runner import GraphRunner
 from shortconv.loader import iter_checkpoint
 from shortconv.models.registry import model_class
 from shortconv.parallel import ParallelContext
@@ -58,27 +59,37 @@ class ModelRunner:
         self.pool = StatePool(specs, kv, capacity.num_slots, dtype, device)
         self.backend = ShortConvBackend(self.pool, device, cls.extra_state_name)
         self.sampler = Sampler()
+        self.graphs: GraphRunner | None = None
+        if engine_cfg.enable_graphs:
+            max_len = engine_cfg.max_model_len or model_cfg.max_model_len
+            self.graphs = GraphRunner(self.model, self.backend, engine_cfg, max_len, tp.size)
+            self.graphs.capture()
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult | None:
         """Run one step; rank 0 returns the sampled tokens, other ranks return None."""
         if plan.copies_before:
             self._copy(plan.copies_before)
-        step = self.backend.begin_step(plan)
-        hidden = self.model(step.input_ids, step.positions, self.backend)
+        if self.graphs is not None and plan.seqs and plan.is_decode:
+            decoded = self.graphs.run(plan)
+            sampled, used_graph = decoded.hidden, decoded.used_graph
+        else:
+            step = self.backend.begin_step(plan)
+            hidden = self.model(step.input_ids, step.positions, self.backend)
+            sampled, used_graph = hidden[step.logits_indices], False
         if plan.copies_after:
             self._copy(plan.copies_after)
         rows = [s.sampling for s in plan.seqs if s.sampling is not None]
         ids = tuple(s.request_id for s in plan.seqs if s.sampling is not None)
         if not rows:
-            return StepResult(plan.step_id, (), (), (), ()) if self.tp.rank == 0 else None
-        logits = self.model.compute_logits(hidden[step.logits_indices])
+            empty = StepResult(plan.step_id, (), (), (), (), used_graph=used_graph)
+            return empty if self.tp.rank == 0 else None
+        logits = self.model.compute_logits(sampled)
         if self.tp.rank != 0:
             return None
         out = self.sampler(logits, rows)
-        return StepResult(
-            plan.step_id, ids, tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
-        )
+        tokens, logprobs, tops = tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
+        return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph=used_graph)
 
     def _copy(self, pairs: tuple[tuple[int, int], ...]) -> None:
         src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)

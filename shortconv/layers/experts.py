@@ -17,7 +17,12 @@ class FusedExperts(nn.Module):
 
     `forward(x[T,H], ids[T,k], weights[T,k])` → `[T,H]`; ids equal to `num_experts` or weight 0
     contribute nothing (ZAYA1's skip route).
+
+    `capture_safe` (set by the graph runner while it captures or replays a decode step) selects
+    a fixed-shape path with no host sync; it equals the grouped path within fp32 rounding.
     """
+
+    capture_safe: bool = False
 
     def __init__(
         self,
@@ -38,6 +43,8 @@ class FusedExperts(nn.Module):
         self.act = act
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.capture_safe:
+            return self.tp.all_reduce(self._forward_dense(x, ids, weights))
         out = torch.zeros_like(x)
         flat_ids = ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
@@ -54,6 +61,19 @@ class FusedExperts(nn.Module):
                 out.index_add_(0, toks, y)
             start += n
         return self.tp.all_reduce(out)
+
+    def _forward_dense(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        # Every expert runs on every token and a [T, E] combine matrix zeroes the unchosen ones:
+        # shapes depend on T only, so a CUDA graph can capture it. Decode is bound by reading the
+        # expert weights, which a decode batch touches almost entirely either way.
+        combine = x.new_zeros(x.shape[0], self.num_experts + 1, dtype=weights.dtype)
+        combine.scatter_add_(1, ids, weights)  # the skip id lands in the extra, dropped column
+        gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+        y = torch.matmul(self.act(gate) * up, self.down_proj.transpose(1, 2))  # [E, T, H]
+        w = combine[:, : self.num_experts].t().to(x.dtype)  # [E, T]
+        return (y * w[:, :, None]).sum(0)
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)

@@ -1,0 +1,144 @@
+"""Decode-step latency: graph replay vs eager, per batch size, printed side by side.
+
+    PYTHONPATH=. python bench/decode_step.py            # GPU: LFM2-350M and ZAYA1 shapes
+    PYTHONPATH=. python bench/decode_step.py --quick    # CPU smoke run on a tiny config
+
+Random weights at the real widths (shortconv.tools.random_stack); no checkpoint, no
+transformers, no Ray. Every row decodes one token at context `--context` from its own slot
+and pages. "eager" is the engine's eager step (resolve the plan, run the model); "graph" is
+GraphRunner.run (refresh the static buffers, snapshot the step's state, replay). Neither
+includes the LM head, which both paths run the same way. On CPU a "replay" is the same forward
+on padded static buffers, so the ratio there only shows the protocol's overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from shortconv.config import EngineConfig  # noqa: E402
+from shortconv.graph_runner import GraphRunner  # noqa: E402
+from shortconv.plan import SeqChunk, StepPlan  # noqa: E402
+from shortconv.tools.random_stack import LFM2_350M, ZAYA1_BASE, build_random_stack  # noqa: E402
+
+TINY_LFM2: dict[str, Any] = {
+    **LFM2_350M,
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "full_attn_idxs": [2],
+    "block_ff_dim": 128,
+    "block_auto_adjust_ff_dim": False,
+    "max_position_embeddings": 1024,
+}
+PAGE = 16
+
+
+def decode_plan(batch: int, context: int) -> StepPlan:
+    pages = -(-context // PAGE)
+    seqs = tuple(
+        SeqChunk(f"r{i}", (i % 500 + 1,), context - 1, 1 + i,
+                 tuple(range(1 + i * pages, 1 + (i + 1) * pages)), None)
+        for i in range(batch)
+    )  # fmt: skip
+    return StepPlan(0, seqs)
+
+
+def _time(fn: Any, iters: int, sync: Any) -> float:
+    """Median wall time of one call in ms (synchronised: host overhead is what graphs cut)."""
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def bench_model(
+    name: str, raw: dict[str, Any], batches: list[int], context: int, device: str,
+    dtype: torch.dtype, iters: int,
+) -> list[tuple[str, int, float, float]]:  # fmt: skip
+    max_b = max(batches)
+    eng = EngineConfig(
+        max_num_seqs=max_b, kv_page_size=PAGE, graph_batch_sizes=tuple(batches),
+        graph_context_sizes=(context,),
+    )  # fmt: skip
+    pages = 1 + max_b * -(-context // PAGE)
+    t0 = time.perf_counter()
+    stack = build_random_stack(raw, device, dtype, eng, num_slots=max_b + 1, num_pages=pages)
+    graphs = GraphRunner(stack.model, stack.backend, eng, stack.cfg.max_model_len)
+    graphs.capture()
+    st = graphs.stats()
+    print(f"# {name}: built in {time.perf_counter() - t0:.1f}s, "
+          f"{st.num_graphs} graphs in {st.capture_seconds:.2f}s")  # fmt: skip
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows = []
+    for b in batches:
+        plan = decode_plan(b, context)
+
+        @torch.inference_mode()
+        def eager(plan: StepPlan = plan) -> None:
+            step = stack.backend.begin_step(plan)
+            stack.model(step.input_ids, step.positions, stack.backend)
+
+        t_eager = _time(eager, iters, sync)
+        t_graph = _time(lambda plan=plan: graphs.run(plan), iters, sync)
+        assert graphs.stats().eager_fallbacks["no_bucket"] == 0
+        rows.append((name, b, t_eager, t_graph))
+        print(f"{name:10s} batch {b:4d}  eager {t_eager:8.3f} ms  graph {t_graph:8.3f} ms  "
+              f"speedup {t_eager / t_graph:5.2f}x", flush=True)  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="CPU smoke run on a tiny config")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--no-zaya", action="store_true")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    if args.quick:
+        torch.set_num_threads(1)  # a smoke run: no thread contention on a shared CI box
+        device, dtype, batches, context, iters = "cpu", torch.float32, [1, 4], 32, 3
+        models = [("lfm2-tiny", TINY_LFM2)]
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("decode_step.py needs CUDA; use --quick for the CPU smoke run")
+        device, dtype, batches, context, iters = "cuda", torch.bfloat16, [1, 8, 32, 128], \
+            args.context, args.iters  # fmt: skip
+        models = [("lfm2-350m", LFM2_350M)]
+        if not args.no_zaya:
+            try:
+                importlib.import_module("shortconv.models.zaya1")
+                models.append(("zaya1", ZAYA1_BASE))
+            except ImportError as exc:
+                print(f"# zaya1 skipped: shortconv.models.zaya1 does not import ({exc})")
+    print(f"# decode step, {device} {dtype}, context {context}, median of {iters}")
+    rows = []
+    for name, raw in models:
+        rows += bench_model(name, raw, batches, context, device, dtype, iters)
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the previous model is gone; give its memory back
+    for name, b, te, tg in rows:
+        print(f"SUMMARY decode {name} batch={b} eager_ms={te:.3f} graph_ms={tg:.3f} "
+              f"speedup={te / tg:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

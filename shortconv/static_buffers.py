@@ -1,0 +1,185 @@
+"""Static decode buffers: the fixed-address step tensors a captured decode step reads.
+
+A decode step of shape (batch bucket B, context bucket L) needs the same `StepTensors` fields
+as an eager step, but at addresses that never change. They split in two:
+
+* primary, built on the host from the plan: token ids, positions, slots, seq_lens, the block
+  tables `[B, ceil(L / page)]` and the per-shape constant index rows. All of them are slices of
+  ONE flat int64 device buffer laid out per shape, so `refresh` is one host-to-device copy.
+* derived: kv_gather `[B, L]`, attn_mask `[B, 1, L]`, slot_mapping, has_initial_state and
+  query_start_loc, computed on the device from the primary ones by `derive`. The graph runner
+  calls `derive` INSIDE the captured region, so every replay rebuilds them from what `refresh`
+  just wrote: no derived buffer can be left stale (or uninitialised) by a replay.
+
+Padding contract (DESIGN.md): rows past the plan's sequences are scratch rows: token 0,
+position 0, slot 0, an all-zero block table (page 0). Their KV write and conv/prev state
+update land in the scratch slot and page; they attend to position 0 only, so softmax never sees
+an all-masked row. Context columns past a row's length gather page-0 row 0 and are masked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shortconv.plan import StepPlan
+from shortconv.step_tensors import StepTensors
+
+# Per-row int64 fields of the primary block, in layout order (each B long).
+_ROW_FIELDS = (
+    "input_ids", "positions", "cache_indices", "seq_lens", "token_seq_index", "q_pad_index",
+    "q_unpad_index",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """One captured decode shape: `batch` rows (bucket) attending over `context` positions."""
+
+    batch: int
+    context: int
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class StaticDecodeBuffers:
+    """Flat buffers sized for the largest (batch, context); each shape views fixed prefixes.
+
+    `step(shape)` is the `StepTensors` whose tensors ARE the static buffers (bind it to the
+    backend); `refresh(plan, shape)` writes the plan's primary metadata in place;
+    `derive(shape)` recomputes the derived tensors in place on the device (capturable).
+    """
+
+    def __init__(
+        self, max_batch: int, max_context: int, page_size: int, device: torch.device
+    ) -> None:
+        self.page_size = page_size
+        self.device = device
+        pages = _cdiv(max_context, page_size)
+        n_primary = len(_ROW_FIELDS) * max_batch + max_batch * pages
+        # Pinned staging makes the refresh copy asynchronous; its reuse waits on _copy_done.
+        pin = device.type == "cuda"
+        self.primary_host = torch.zeros(n_primary, dtype=torch.int64, pin_memory=pin)
+        self.has_initial_state_host = torch.zeros(max_batch, dtype=torch.bool)
+        self.qsl_host = torch.arange(max_batch + 1, dtype=torch.int32)
+        self.primary = torch.zeros(n_primary, dtype=torch.int64, device=device)
+        self.kv_gather = torch.zeros(max_batch * max_context, dtype=torch.int64, device=device)
+        self.attn_mask = torch.zeros(max_batch * max_context, dtype=torch.bool, device=device)
+        self.slot_mapping = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        self.has_initial_state = torch.zeros(max_batch, dtype=torch.bool, device=device)
+        self.query_start_loc = torch.zeros(max_batch + 1, dtype=torch.int32, device=device)
+        # NOTE: a capture-time constant (like the weights), not per-step metadata.
+        self._arange = torch.arange(max(max_batch + 1, max_context), device=device)
+        self._copy_done: torch.cuda.Event | None = None
+        self._steps: dict[DecodeShape, StepTensors] = {}
+        self._tables: dict[DecodeShape, torch.Tensor] = {}
+
+    def primary_size(self, shape: DecodeShape) -> int:
+        return shape.batch * (len(_ROW_FIELDS) + _cdiv(shape.context, self.page_size))
+
+    def _rows(self, flat: torch.Tensor, shape: DecodeShape) -> dict[str, torch.Tensor]:
+        b = shape.batch
+        rows = flat[: len(_ROW_FIELDS) * b].view(len(_ROW_FIELDS), b).unbind(0)
+        return dict(zip(_ROW_FIELDS, rows, strict=True))
+
+    def _table_view(self, flat: torch.Tensor, shape: DecodeShape) -> torch.Tensor:
+        b = shape.batch
+        start = len(_ROW_FIELDS) * b
+        return flat[start : self.primary_size(shape)].view(b, -1)
+
+    def tables(self, shape: DecodeShape) -> torch.Tensor:
+        """The device block tables `[B, ceil(L / page)]` of `shape` (page 0 = scratch)."""
+        if shape not in self._tables:
+            self._tables[shape] = self._table_view(self.primary, shape)
+        return self._tables[shape]
+
+    def step(self, shape: DecodeShape) -> StepTensors:
+        """StepTensors over the static buffers; built once per shape, same objects ever after."""
+        if shape in self._steps:
+            return self._steps[shape]
+        b, n = shape.batch, shape.batch * shape.context
+        r = self._rows(self.primary, shape)
+        self._steps[shape] = st = StepTensors(
+            num_seqs=b,
+            num_tokens=b,
+            max_query_len=1,
+            max_seq_len=shape.context,
+            is_decode=True,
+            input_ids=r["input_ids"],
+            positions=r["positions"],
+            query_start_loc=self.query_start_loc[: b + 1],
+            query_start_loc_cpu=self.qsl_host[: b + 1],
+            cache_indices=r["cache_indices"],
+            has_initial_state=self.has_initial_state[:b],
+            has_initial_state_cpu=self.has_initial_state_host[:b],
+            seq_lens=r["seq_lens"],
+            seq_lens_cpu=self._rows(self.primary_host, shape)["seq_lens"],
+            token_seq_index=r["token_seq_index"],
+            slot_mapping=self.slot_mapping[:b],
+            kv_gather=self.kv_gather[:n].view(b, shape.context),
+            attn_mask=self.attn_mask[:n].view(b, 1, shape.context),
+            q_pad_index=r["q_pad_index"],
+            q_unpad_index=r["q_unpad_index"],
+            logits_indices=r["token_seq_index"],  # every row; the runner picks the live ones
+        )
+        self.tables(shape)
+        return st
+
+    def refresh(self, plan: StepPlan | None, shape: DecodeShape) -> None:
+        """Write the plan's primary metadata (None: all scratch rows) into the static buffers.
+
+        Raises ValueError, before touching the device buffers, when the plan does not fit the
+        shape or a block table is shorter than its sequence needs.
+        """
+        if self._copy_done is not None:
+            self._copy_done.synchronize()  # the previous step's copy may still read the staging
+        seqs = plan.seqs if plan is not None else ()
+        n, b, page = len(seqs), shape.batch, self.page_size
+        if n > b or any(s.num_tokens != 1 or s.start_pos < 1 for s in seqs):
+            raise ValueError(f"not a decode plan of at most {b} rows")
+        size = self.primary_size(shape)
+        self.primary_host[:size].zero_()
+        r = self._rows(self.primary_host, shape)
+        tables = self._table_view(self.primary_host, shape)
+        for i, s in enumerate(seqs):
+            length = s.start_pos + 1
+            if length > shape.context or _cdiv(length, page) > len(s.block_table):
+                raise ValueError(
+                    f"request {s.request_id}: context {length} does not fit the bucket "
+                    f"({shape.context}) or its block table ({len(s.block_table)} pages)"
+                )
+            used = s.block_table[: tables.shape[1]]
+            tables[i, : len(used)] = torch.tensor(used, dtype=torch.int64)
+        if n:
+            r["input_ids"][:n] = torch.tensor([s.token_ids[0] for s in seqs])
+            r["positions"][:n] = torch.tensor([s.start_pos for s in seqs])
+            r["cache_indices"][:n] = torch.tensor([s.slot for s in seqs])
+        torch.add(r["positions"], 1, out=r["seq_lens"])
+        for name in ("token_seq_index", "q_pad_index", "q_unpad_index"):
+            r[name].copy_(self.qsl_host[:b])  # decode: row i is token i and query i
+        self.has_initial_state_host[:b] = r["cache_indices"] != 0
+        self.primary[:size].copy_(self.primary_host[:size], non_blocking=True)
+        if self.device.type == "cuda":
+            if self._copy_done is None:
+                self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
+
+    def derive(self, shape: DecodeShape) -> None:
+        """Recompute the derived step tensors from the primary ones, on the device, in place.
+
+        No host reads, fixed shapes: safe inside CUDA graph capture.
+        """
+        st, tables, page = self.step(shape), self.tables(shape), self.page_size
+        b, ctx = shape.batch, self._arange[: shape.context]
+        cols = (ctx // page).expand(b, -1)
+        flat = tables.gather(1, cols) * page + ctx % page
+        live = ctx[None, :] < st.seq_lens[:, None]
+        st.kv_gather.copy_(torch.where(live, flat, torch.zeros_like(flat)))
+        st.attn_mask.copy_((ctx[None, :] <= st.positions[:, None])[:, None, :])
+        page_of = tables.gather(1, (st.positions // page)[:, None])[:, 0]
+        st.slot_mapping.copy_(page_of * page + st.positions % page)
+        st.has_initial_state.copy_(st.cache_indices != 0)  # NOTE: slot 0 is never live
+        st.query_start_loc.copy_(self._arange[: b + 1])

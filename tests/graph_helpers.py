@@ -1,0 +1,166 @@
+"""Shared helpers for the graph-runner tests: tiny runners, hand-built plans, pool snapshots."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from shortconv.config import EngineConfig, ModelConfig
+from shortconv.graph_runner import GraphRunner
+from shortconv.parallel import SINGLE
+from shortconv.plan import SeqChunk, StepPlan
+from shortconv.runner import Capacity, ModelRunner
+from shortconv.sampler import SamplingRow
+from shortconv.sampling_params import SamplingParams
+from shortconv.step_tensors import StepTensors, build_step_tensors
+
+PAGE = 4
+PAGES_PER_SEQ = 24  # 96 positions
+NUM_SEQS = 8
+CONTEXTS = (16, 32, 64)
+GREEDY_ROW = SamplingRow(SamplingParams(temperature=0.0), seed=0, step=0)
+# Slots in scrambled order so a row index never equals its slot.
+SLOTS = (5, 2, 8, 1, 7, 3, 6, 4)
+
+
+def zaya_skip_reason() -> str | None:
+    try:
+        importlib.import_module("shortconv.models.zaya1")
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not there yet"
+        return f"shortconv.models.zaya1 does not import yet ({type(exc).__name__}: {exc})"
+    return None
+
+
+def engine_config(enable_graphs: bool = True, **kw: object) -> EngineConfig:
+    base: dict[str, object] = dict(
+        max_num_seqs=NUM_SEQS, kv_page_size=PAGE, enable_graphs=enable_graphs,
+        graph_batch_sizes=(1, 2, 4, 8), graph_context_sizes=CONTEXTS,
+    )  # fmt: skip
+    base.update(kw)
+    return EngineConfig(**base)  # type: ignore[arg-type]
+
+
+def make_runner(path: Path, enable_graphs: bool = True, **kw: object) -> ModelRunner:
+    cfg = ModelConfig.from_dir(path)
+    cap = Capacity(num_slots=NUM_SEQS + 2, num_pages=1 + NUM_SEQS * PAGES_PER_SEQ)
+    eng = engine_config(enable_graphs, **kw)
+    return ModelRunner(path, cfg, eng, cap, torch.float32, torch.device("cpu"), SINGLE)
+
+
+def graph_runner(runner: ModelRunner, batch_sizes: tuple[int, ...]) -> GraphRunner:
+    """A fresh GraphRunner over the runner's model and pool with its own bucket ladder."""
+    eng = engine_config(graph_batch_sizes=batch_sizes, max_num_seqs=max(batch_sizes))
+    g = GraphRunner(runner.model, runner.backend, eng, runner.cfg.max_model_len)
+    g.capture()
+    return g
+
+
+@dataclass
+class Seqs:
+    """Hand-driven requests: token history per row, fixed slots and pages."""
+
+    tokens: list[list[int]]
+    step_id: int = 0
+    pages: list[tuple[int, ...]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pages = [
+            tuple(range(1 + i * PAGES_PER_SEQ, 1 + (i + 1) * PAGES_PER_SEQ))
+            for i in range(len(self.tokens))
+        ]
+
+    def prefill(self) -> StepPlan:
+        chunks = tuple(
+            SeqChunk(f"r{i}", tuple(t), 0, SLOTS[i], self.pages[i], GREEDY_ROW)
+            for i, t in enumerate(self.tokens)
+        )
+        return self._plan(chunks)
+
+    def decode(self, rows: list[int]) -> StepPlan:
+        chunks = tuple(
+            SeqChunk(
+                f"r{i}", (self.tokens[i][-1],), len(self.tokens[i]) - 1, SLOTS[i],
+                self.pages[i], GREEDY_ROW,
+            )
+            for i in rows
+        )  # fmt: skip
+        return self._plan(chunks)
+
+    def _plan(self, chunks: tuple[SeqChunk, ...]) -> StepPlan:
+        self.step_id += 1
+        return StepPlan(self.step_id, chunks)
+
+    def push(self, rows: list[int], new_tokens: tuple[int, ...]) -> None:
+        for i, t in zip(rows, new_tokens, strict=True):
+            self.tokens[i].append(t)
+
+
+def padded_step(runner: ModelRunner, plan: StepPlan, batch: int, context: int) -> StepTensors:
+    """Eager step tensors of the plan at exactly a bucket's shapes, built independently of the
+    static buffers: explicit scratch rows (slot 0, page 0) up to `batch`, then kv_gather and
+    attn_mask widened to `context` columns with masked scratch entries."""
+    pad = SeqChunk("pad", (0,), 1, 0, (0,), None)
+    plan = StepPlan(plan.step_id, plan.seqs + (pad,) * (batch - len(plan.seqs)))
+    step = build_step_tensors(plan, PAGE, runner.device)
+    extra = context - step.max_seq_len
+    return replace(
+        step,
+        max_seq_len=context,
+        kv_gather=F.pad(step.kv_gather, (0, extra), value=0),
+        attn_mask=F.pad(step.attn_mask, (0, extra), value=False),
+    )
+
+
+@torch.inference_mode()
+def eager_padded_hidden(
+    runner: ModelRunner, plan: StepPlan, batch: int, context: int
+) -> torch.Tensor:
+    step = padded_step(runner, plan, batch, context)
+    runner.backend.bind(step)
+    hidden = runner.model(step.input_ids, step.positions, runner.backend)
+    return hidden[: len(plan.seqs)].clone()
+
+
+def pool_snapshot(runner: ModelRunner) -> dict[str, torch.Tensor]:
+    snap = {k: v.clone() for k, v in runner.pool.states.items()}
+    if runner.pool.k_cache is not None:
+        snap["k"], snap["v"] = runner.pool.k_cache.clone(), runner.pool.v_cache.clone()
+    return snap
+
+
+def load_pool(runner: ModelRunner, snap: dict[str, torch.Tensor]) -> None:
+    for k, v in runner.pool.states.items():
+        v.copy_(snap[k])
+    if runner.pool.k_cache is not None:
+        runner.pool.k_cache.copy_(snap["k"])
+        runner.pool.v_cache.copy_(snap["v"])
+
+
+def live_part(snap: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Everything but the scratch slot / scratch page (pad rows may write there)."""
+    out = {k: v[:, 1:] for k, v in snap.items() if k not in ("k", "v")}
+    for k in ("k", "v"):
+        if k in snap:
+            out[k] = snap[k][:, PAGE:]
+    return out
+
+
+@torch.inference_mode()
+def eager_hidden(runner: ModelRunner, plan: StepPlan, rows: int) -> torch.Tensor:
+    step = runner.backend.begin_step(plan)
+    return runner.model(step.input_ids, step.positions, runner.backend)[:rows].clone()
+
+
+def garbage_fill(g: GraphRunner, seed: int = 0) -> None:
+    """Fill every per-step static buffer with in-range garbage (wrong results, no crash)."""
+    gen = torch.Generator().manual_seed(seed)
+    b = g.buffers
+    for t in (b.primary, b.primary_host, b.kv_gather, b.slot_mapping):
+        t.copy_(torch.randint(0, 3, t.shape, generator=gen))
+    for t in (b.attn_mask, b.has_initial_state, b.has_initial_state_host):
+        t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
+    b.query_start_loc.copy_(torch.randint(0, 3, b.query_start_loc.shape, generator=gen))

@@ -1,0 +1,1 @@
+"""Ray Serve application: OpenAI routes, async engine loop, session-affinity router."""

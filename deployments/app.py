@@ -1,0 +1,84 @@
+"""The application builder: `import_path: deployments.app:build` in deployments/*.yaml.
+
+`build(args)` validates the YAML `args:` block (AppArgs) and binds one LLMServer deployment.
+The options set here are the defaults for `serve.run(build(...))` from Python; a YAML
+`deployments:` entry for LLMServer overrides them field by field (Serve's rule).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+
+from deployments.args import AppArgs
+from deployments.router import SessionAffinityRouter
+from deployments.server import LLMServer
+
+ROUTING_STATS_PERIOD_S = 2.0  # how stale a replica's session report may be (default 10 s)
+
+
+class AppArgsError(ValueError):
+    """The `args:` block does not validate; the message lists every bad field."""
+
+
+def parse_args(args: dict[str, Any] | None) -> AppArgs:
+    try:
+        return AppArgs.model_validate(args or {})
+    except ValidationError as exc:
+        lines = [
+            f"  {'.'.join(str(p) for p in e['loc']) or '<args>'}: {e['msg']}" for e in exc.errors()
+        ]
+        raise AppArgsError(
+            "invalid args for deployments.app:build (the YAML `args:` block):\n" + "\n".join(lines)
+        ) from None
+
+
+def deployment_options(args: AppArgs) -> dict[str, Any]:
+    """Serve options for LLMServer: resources and placement, batching-sized concurrency,
+    autoscaling, health checks and the session-affinity router."""
+    opts: dict[str, Any] = {
+        # Continuous batching: twice max_num_seqs in flight keeps the next batch queued.
+        "max_ongoing_requests": 2 * args.max_num_seqs,
+        "autoscaling_config": {
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "target_ongoing_requests": max(1, args.max_num_seqs // 2),
+        },
+        "health_check_period_s": 10.0,
+        "health_check_timeout_s": 30.0,
+        "request_router_config": RequestRouterConfig(
+            request_router_class=SessionAffinityRouter,
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+        ),
+    }
+    actor: dict[str, Any] = {"num_cpus": args.replica_num_cpus}
+    if args.tp_size > 1:
+        from workers.ray_executor import worker_bundles
+
+        # NOTE: Serve places the replica itself in bundle 0, so bundle 0 carries the replica's
+        # CPUs plus rank 0's; rank r of the TP group takes bundle r (RayExecutor).
+        bundles = worker_bundles(args.tp_size, args.device)
+        bundles[0]["CPU"] = bundles[0].get("CPU", 0) + args.replica_num_cpus
+        opts["placement_group_bundles"] = bundles
+        opts["placement_group_strategy"] = "STRICT_PACK"
+    elif args.device == "cuda":
+        actor["num_gpus"] = 1  # tp_size=1: the engine runs in the replica process
+    opts["ray_actor_options"] = actor
+    return opts
+
+
+def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any) -> Application:
+    """Bind LLMServer; `overrides` replace deployment options (tests: num_replicas=2, ...)."""
+    opts = deployment_options(args)
+    if "num_replicas" in overrides:
+        opts.pop("autoscaling_config")
+    opts.update(overrides)
+    return LLMServer.options(**opts).bind(args.model_dump(), engine_factory)
+
+
+def build(args: dict[str, Any]) -> Application:
+    """The YAML import_path target."""
+    return build_app(parse_args(args))

@@ -1,0 +1,300 @@
+"""AsyncEngine: one thread steps the synchronous LLMEngine; asyncio callers stream its outputs.
+
+Only the loop thread touches the engine: callers submit, abort and ping through a command queue;
+results come back through one asyncio queue per request (`call_soon_threadsafe`). A request whose
+consumer goes away (client disconnect, cancellation) is aborted, freeing its slots and KV pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from shortconv.outputs import RequestOutput
+from shortconv.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.5  # how long an idle loop sleeps between session-TTL sweeps
+_STATS_PERIOD_S = 0.1  # the stats snapshot is refreshed at most this often while busy
+_HEALTH_TIMEOUT_S = 30.0  # a step that blocks the loop this long makes the replica unhealthy
+
+
+class EngineLike(Protocol):
+    """The part of `shortconv.engine.LLMEngine` the Serve layer uses (a fake implements it)."""
+
+    max_model_len: int
+    tokenizer: Any
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, session_id: str
+    ) -> str: ...
+    def abort_request(self, request_id: str) -> RequestOutput | None: ...
+    def step(self) -> list[RequestOutput]: ...
+    def has_unfinished(self) -> bool: ...
+    def shutdown(self) -> None: ...
+
+
+class EngineOverloaded(RuntimeError):
+    """Too many requests are already queued on this replica (HTTP 503)."""
+
+
+class EngineDead(RuntimeError):
+    """The loop thread is gone; the replica must be replaced (HTTP 503, failed health check)."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one engine step added to one request (a snapshot: the engine reuses its objects)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float | None, ...] | None
+    top_logprobs: tuple[list[tuple[int, float]] | None, ...] | None
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    error: str | None = None
+
+    @staticmethod
+    def of(out: RequestOutput) -> Delta:
+        n = len(out.new_token_ids)
+        lps, tops = out.logprobs, out.top_logprobs
+        return Delta(
+            out.new_text,
+            tuple(out.new_token_ids),
+            tuple(lps[-n:]) if lps is not None and n else None,
+            tuple(tops[-n:]) if tops is not None and n else None,
+            out.finish_reason,
+            len(out.prompt_token_ids),
+            out.num_cached_tokens,
+            out.error,
+        )
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Delta]
+    session_id: str | None
+
+
+class AsyncEngine:
+    """Runs `engine` on a daemon thread. Start with `start()`, stop with `shutdown()`."""
+
+    def __init__(
+        self,
+        engine: EngineLike,
+        *,
+        max_num_seqs: int,
+        max_waiting_requests: int,
+        session_ttl_s: float | None = None,
+    ) -> None:
+        self.engine = engine
+        self.max_active = max_num_seqs + max_waiting_requests
+        self._session_ttl_s = session_ttl_s
+        self._cmds: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}  # NOTE: mutated on the loop thread only
+        self._num_active = 0  # requests submitted and not yet finished (caller side)
+        self._session_seen: dict[str, float] = {}
+        self._stats: dict[str, Any] = {}
+        self._stats_at = 0.0
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="shortconv-engine", daemon=True)
+
+    # ---- caller side (asyncio) ------------------------------------------------------------
+    def start(self) -> None:
+        sessions = self._sessions()
+        if self._session_ttl_s is not None and sessions is not None:
+            sessions.ttl_s = self._session_ttl_s  # the engine's default TTL, set before any use
+        self._publish_stats(force=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self._error is None
+
+    def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        session_id: str | None = None,
+    ) -> AsyncIterator[Delta]:
+        """Check the request now, then stream its deltas; the last has `finish_reason` set.
+
+        Raises at once (nothing queued) ValueError for a prompt the engine refuses,
+        EngineOverloaded when the replica's queue is full, EngineDead when the loop is gone.
+        The request is queued when iteration starts and aborted if iteration stops early.
+        """
+        if not self.alive:
+            raise EngineDead(self._error or "the engine loop is not running")
+        self.engine.validate(prompt_token_ids, params)  # read-only: safe off the loop thread
+        if self._num_active >= self.max_active:
+            raise EngineOverloaded(
+                f"{self._num_active} requests are already queued or running on this replica"
+            )
+        return self._stream(list(prompt_token_ids), params, request_id, session_id)
+
+    async def _stream(
+        self, prompt: list[int], params: SamplingParams, rid: str, session_id: str | None
+    ) -> AsyncIterator[Delta]:
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)
+        self._num_active += 1
+        self._cmds.put(("add", (rid, prompt, params, stream)))
+        finished = False
+        try:
+            while not finished:
+                delta = await stream.queue.get()
+                finished = delta.finish_reason is not None
+                yield delta
+        finally:
+            self._num_active -= 1
+            if not finished:
+                self._cmds.put(("abort", rid))
+
+    async def check_health(self) -> None:
+        """Raise when the loop is dead or the executor (TP workers) fails its health check."""
+        if not self.alive:
+            raise EngineDead(self._error or "the engine loop is not running")
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._cmds.put(("health", fut))
+        error = await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
+        if error is not None:
+            raise EngineDead(error)
+
+    def stats(self) -> dict[str, Any]:
+        """The latest snapshot (engine occupancy + held sessions), refreshed by the loop."""
+        return self._stats
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self._cmds.put(("stop", None))
+            self._thread.join(timeout=30.0)
+        self.engine.shutdown()
+
+    # ---- loop thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                handled = self._handle_commands(block=not self.engine.has_unfinished())
+                if handled < 0:
+                    return
+                if self.engine.has_unfinished():
+                    for out in self.engine.step():
+                        self._deliver(out)
+                elif (sessions := self._sessions()) is not None:
+                    sessions.evict_idle()  # idle: schedule() is not running the TTL sweep
+                # NOTE: fresh after any submit/abort and on going idle, so occupancy read right
+                # after a request starts or ends (tests, dashboards) is never stale.
+                self._publish_stats(force=handled > 0 or not self.engine.has_unfinished())
+        except Exception as exc:  # a bug in the engine: fail everything, stay dead
+            log.exception("engine loop crashed")
+            self._error = f"engine loop crashed: {type(exc).__name__}: {exc}"
+            self._fail_all(self._error)
+
+    def _handle_commands(self, block: bool) -> int:
+        """Run queued commands; returns how many ran, or -1 on stop."""
+        try:
+            cmd = self._cmds.get(timeout=_IDLE_WAIT_S) if block else self._cmds.get_nowait()
+        except queue.Empty:
+            return 0
+        handled = 0
+        while True:
+            kind, arg = cmd
+            if kind == "stop":
+                self._fail_all("the server is shutting down")
+                return -1
+            getattr(self, f"_cmd_{kind}")(arg)
+            handled += 1
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                return handled
+
+    def _cmd_add(self, arg: tuple[str, list[int], SamplingParams, _Stream]) -> None:
+        rid, prompt, params, stream = arg
+        try:
+            self.engine.add_request(prompt, params, request_id=rid, session_id=stream.session_id)
+        except Exception as exc:  # validated already; this is a race or a duplicate id
+            _put(stream, _final(prompt, "error", f"{type(exc).__name__}: {exc}"))
+            return
+        self._streams[rid] = stream
+        if stream.session_id is not None:
+            self._session_seen[stream.session_id] = time.time()
+
+    def _cmd_abort(self, rid: str) -> None:
+        if self._streams.pop(rid, None) is not None:
+            self.engine.abort_request(rid)
+
+    def _cmd_health(self, fut: asyncio.Future[str | None]) -> None:
+        error = None
+        executor = getattr(self.engine, "executor", None)
+        try:
+            if executor is not None:
+                executor.check_health()
+        except Exception as exc:
+            error = f"executor health check failed: {exc}"
+        fut.get_loop().call_soon_threadsafe(_resolve, fut, error)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+            if stream.session_id is not None:
+                self._session_seen[stream.session_id] = time.time()
+        _put(stream, Delta.of(out))
+
+    def _fail_all(self, message: str) -> None:
+        for rid, stream in list(self._streams.items()):
+            try:
+                self.engine.abort_request(rid)
+            except Exception:  # the engine may be the thing that broke
+                log.exception("abort of %s failed", rid)
+            _put(stream, _final([], "error", message))
+        self._streams.clear()
+
+    def _sessions(self) -> Any:
+        """The engine's SessionStore (None for an engine without sessions, e.g. a fake)."""
+        return getattr(getattr(self.engine, "scheduler", None), "sessions", None)
+
+    def _publish_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._stats_at < _STATS_PERIOD_S:
+            return
+        self._stats_at = now
+        stats_fn: Callable[[], Any] | None = getattr(self.engine, "stats", None)
+        snapshot: dict[str, Any] = asdict(stats_fn()) if stats_fn is not None else {}
+        held = {s.session_id for s in self._streams.values() if s.session_id is not None}
+        if (sessions := self._sessions()) is not None:
+            held.update(sessions.session_ids())
+        for sid in set(self._session_seen) - held:
+            del self._session_seen[sid]
+        snapshot["sessions"] = {sid: self._session_seen.get(sid, 0.0) for sid in sorted(held)}
+        snapshot["num_active_requests"] = len(self._streams)
+        self._stats = snapshot  # NOTE: replaced whole, so readers on other threads see one dict
+
+
+def _final(prompt: list[int], reason: str, error: str | None) -> Delta:
+    return Delta("", (), None, None, reason, len(prompt), 0, error)
+
+
+def _put(stream: _Stream, delta: Delta) -> None:
+    try:
+        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, delta)
+    except RuntimeError:  # the caller's event loop is closed: nobody is listening
+        pass
+
+
+def _resolve(fut: asyncio.Future[str | None], error: str | None) -> None:
+    if not fut.done():
+        fut.set_result(error)

@@ -1,0 +1,228 @@
+"""The OpenAI-compatible FastAPI app around an AsyncEngine (no Ray here: testable on its own)."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments.async_engine import AsyncEngine, Delta, EngineDead, EngineOverloaded
+from deployments.openai_format import Accumulator, Formatter
+from deployments.openai_protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    from_validation_error,
+)
+from shortconv.sampling_params import SamplingParams
+
+# Ray Serve routes on this header (RAY_SERVE_SESSION_ID_HEADER_KEY, default x-session-id) and
+# compares it case-insensitively with '-' and '_' equivalent; the replica reads it the same way.
+SESSION_HEADER = os.environ.get("RAY_SERVE_SESSION_ID_HEADER_KEY", "x-session-id")
+REPLICA_HEADER = "x-shortconv-replica"
+MAX_SESSION_ID_LEN = 256
+
+_Req = TypeVar("_Req", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    model_name: str
+    replica_id: str = "local"
+    api_key: str | None = None
+    max_request_bytes: int = 1 << 20
+
+
+def session_id_of(request: Request) -> str | None:
+    want = SESSION_HEADER.lower().replace("-", "_")
+    for key, value in request.headers.items():
+        if key.lower().replace("-", "_") == want:
+            if not value or len(value) > MAX_SESSION_ID_LEN:
+                raise APIError(
+                    f"{SESSION_HEADER} must be 1..{MAX_SESSION_ID_LEN} characters",
+                    param=SESSION_HEADER,
+                )
+            return value
+    return None
+
+
+def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
+    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /v1/internal/stats."""
+    app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
+    created = int(time.time())
+    tokenizer = getattr(engine.engine, "tokenizer", None)
+    max_model_len = int(engine.engine.max_model_len)
+    _install_error_handlers(app)
+
+    app.add_middleware(_TagReplica, replica_id=cfg.replica_id)
+
+    async def parse(request: Request, model: type[_Req]) -> _Req:
+        check_auth(request, cfg.api_key)
+        body = await request.body()
+        if len(body) > cfg.max_request_bytes:
+            raise APIError(f"request body exceeds {cfg.max_request_bytes} bytes", 413)
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise APIError("request body must be a JSON object")
+        try:
+            req = model.model_validate(data)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        name = getattr(req, "model", None)
+        if name and name != cfg.model_name:
+            raise APIError(f"the model {name!r} does not exist", 404, code="model_not_found")
+        return req
+
+    def token_text(tok: int) -> str:
+        if tokenizer is None:
+            return f"token_id:{tok}"
+        return tokenizer.decode([tok], skip_special_tokens=False)
+
+    async def respond(
+        request: Request,
+        chat: bool,
+        prompt: list[int],
+        params: SamplingParams,
+        include_usage: bool,
+        stream: bool,
+    ) -> Response:
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        try:
+            deltas = engine.generate(prompt, params, rid, session_id_of(request))
+        except ValueError as exc:
+            raise APIError(str(exc), param="prompt" if "prompt" in str(exc) else None) from None
+        except EngineOverloaded as exc:
+            raise APIError(str(exc), 503, "server_overloaded", code="overloaded") from None
+        except EngineDead as exc:
+            raise APIError(str(exc), 503, "server_error", code="engine_dead") from None
+        fmt = Formatter(chat, rid, cfg.model_name, token_text, params.logprobs is not None)
+        if stream:
+            return StreamingResponse(
+                fmt.sse(deltas, include_usage),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache"},
+            )
+        return JSONResponse(fmt.whole(await _collect(deltas)))
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        check_auth(request, cfg.api_key)
+        card = {"id": cfg.model_name, "object": "model", "created": created}
+        card.update(owned_by="shortconv-serve", max_model_len=max_model_len)
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = await parse(request, CompletionRequest)
+        prompt = req.single_prompt()
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise APIError("this model has no tokenizer: send token ids", param="prompt")
+            prompt = tokenizer.encode(prompt)
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
+        params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs)
+        return await respond(request, False, prompt, params, req.include_usage, req.stream)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = await parse(request, ChatCompletionRequest)
+        if tokenizer is None:
+            raise APIError("this model has no tokenizer, so no chat template", param="messages")
+        try:
+            prompt = tokenizer.apply_chat_template(
+                req.chat_messages(), add_generation_prompt=req.add_generation_prompt
+            )
+        except APIError:
+            raise
+        except Exception as exc:  # jinja errors: the template refused these messages
+            raise APIError(f"chat template failed: {exc}", param="messages") from None
+        requested = req.requested_max_tokens()
+        max_tokens = requested if requested is not None else max(1, max_model_len - len(prompt))
+        params = req.sampling(max_tokens=max_tokens, logprobs=req.engine_logprobs())
+        return await respond(request, True, prompt, params, req.include_usage, req.stream)
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await engine.check_health()
+        except Exception as exc:
+            err = APIError(f"unhealthy: {exc}", 503, "server_error", code="unhealthy")
+            return JSONResponse(err.body(), err.status)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/internal/stats")
+    async def stats(request: Request) -> dict[str, Any]:
+        check_auth(request, cfg.api_key)  # it lists session ids
+        return {"replica_id": cfg.replica_id, **engine.stats()}
+
+    return app
+
+
+def check_auth(request: Request, api_key: str | None) -> None:
+    if api_key is None:
+        return
+    auth = request.headers.get("authorization", "")
+    if not hmac.compare_digest(auth.encode(), f"Bearer {api_key}".encode()):
+        raise APIError("invalid API key", 401, "authentication_error", code="invalid_api_key")
+
+
+class _TagReplica:
+    """Pure ASGI middleware (no response buffering, so streams and disconnects pass through)
+    that names the serving replica in a response header."""
+
+    def __init__(self, app: Any, replica_id: str) -> None:
+        self.app, self.header = app, (REPLICA_HEADER.encode(), replica_id.encode())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
+async def _collect(deltas: AsyncIterator[Delta]) -> Accumulator:
+    acc = Accumulator()
+    # aclosing: a cancelled (disconnected) request aborts its engine request right away.
+    async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
+        async for d in it:
+            acc.add(d)
+    return acc
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    def reply(err: APIError) -> JSONResponse:
+        return JSONResponse(err.body(), err.status)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return reply(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return reply(APIError(str(exc.errors()[0].get("msg", exc))))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return reply(APIError(str(exc.detail), exc.status_code, kind))

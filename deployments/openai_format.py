@@ -1,0 +1,155 @@
+"""OpenAI response bodies (completions and chat, whole and streamed) built from engine deltas."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.async_engine import Delta
+from deployments.openai_protocol import APIError
+
+# The engine's finish reasons that OpenAI has no word for end as "stop".
+_FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+
+
+@dataclass
+class Accumulator:
+    """Folds deltas into the totals a response needs."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+    def add(self, d: Delta) -> None:
+        self.text += d.text
+        self.token_ids.extend(d.token_ids)
+        self.logprobs.extend(d.logprobs or ())
+        self.top_logprobs.extend(d.top_logprobs or ())
+        self.num_prompt_tokens = d.num_prompt_tokens or self.num_prompt_tokens
+        self.num_cached_tokens = max(self.num_cached_tokens, d.num_cached_tokens)
+        if d.finish_reason is not None:
+            self.finish_reason, self.error = d.finish_reason, d.error
+
+    def usage(self) -> dict[str, Any]:
+        n = len(self.token_ids)
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": self.num_prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens},
+        }
+
+
+def engine_error(message: str | None) -> APIError:
+    return APIError(message or "generation failed", 500, "server_error", code="engine_error")
+
+
+@dataclass(frozen=True)
+class Formatter:
+    """Shapes one request's responses; `chat` picks chat.completion over text_completion."""
+
+    chat: bool
+    request_id: str
+    model: str
+    token_text: Any  # Callable[[int], str]: one token's text for logprobs
+    want_logprobs: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
+
+    def _logprobs(
+        self, ids: list[int] | tuple[int, ...], lps: Any, tops: Any, offset: int = 0
+    ) -> dict[str, Any] | None:
+        if not self.want_logprobs or not ids:
+            return None
+        toks = [self.token_text(t) for t in ids]
+        top = [
+            [(self.token_text(t), lp) for t, lp in (row or ())] for row in (tops or [()] * len(ids))
+        ]
+        if self.chat:
+            return {
+                "content": [
+                    {**_chat_lp(s, lp), "top_logprobs": [_chat_lp(ts, tl) for ts, tl in row]}
+                    for s, lp, row in zip(toks, lps, top, strict=True)
+                ]
+            }
+        offsets, pos = [], offset
+        for s in toks:
+            offsets.append(pos)
+            pos += len(s)
+        return {
+            "tokens": toks,
+            "token_logprobs": list(lps),
+            "top_logprobs": [dict(row) for row in top] if tops else None,
+            "text_offset": offsets,
+        }
+
+    def whole(self, acc: Accumulator) -> dict[str, Any]:
+        if acc.finish_reason == "error":
+            raise engine_error(acc.error)
+        lp = self._logprobs(acc.token_ids, acc.logprobs, acc.top_logprobs or None)
+        choice: dict[str, Any] = {"index": 0, "logprobs": lp}
+        choice["finish_reason"] = _FINISH.get(acc.finish_reason or "stop", "stop")
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": acc.text}
+            body = self._head("chat.completion")
+        else:
+            choice["text"] = acc.text
+            body = self._head("text_completion")
+        return {**body, "choices": [choice], "usage": acc.usage()}
+
+    async def sse(self, deltas: AsyncIterator[Delta], include_usage: bool) -> AsyncIterator[str]:
+        """Server-sent events ending in `data: [DONE]` (an error becomes an error event)."""
+        acc = Accumulator()
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        extra = {"usage": None} if include_usage else {}
+        if self.chat:
+            first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+            first.update(logprobs=None, finish_reason=None)
+            yield _event({**self._head(obj), "choices": [first], **extra})
+        async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
+            async for chunk in self._chunks(it, acc, obj, extra):
+                yield chunk
+        if acc.finish_reason not in (None, "error") and include_usage:
+            yield _event({**self._head(obj), "choices": [], "usage": acc.usage()})
+        yield "data: [DONE]\n\n"
+
+    async def _chunks(
+        self, deltas: AsyncIterator[Delta], acc: Accumulator, obj: str, extra: dict[str, Any]
+    ) -> AsyncIterator[str]:
+        async for d in deltas:
+            offset = len(acc.text)
+            acc.add(d)
+            if d.finish_reason == "error":
+                yield _event(engine_error(d.error).body())
+                return
+            finish = _FINISH.get(d.finish_reason, "stop") if d.finish_reason else None
+            if not d.text and not finish and not self.want_logprobs:
+                continue  # a token with no visible text yet (held back, special or partial)
+            choice: dict[str, Any] = {"index": 0}
+            if self.chat:
+                choice["delta"] = {"content": d.text} if d.text else {}
+            else:
+                choice["text"] = d.text
+            lps = d.logprobs or ()
+            choice["logprobs"] = self._logprobs(d.token_ids, lps, d.top_logprobs, offset)
+            choice["finish_reason"] = finish
+            yield _event({**self._head(obj), "choices": [choice], **extra})
+
+
+def _chat_lp(token: str, logprob: float | None) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"

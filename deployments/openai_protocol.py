@@ -1,0 +1,215 @@
+"""OpenAI request schemas (pydantic, validated at the HTTP edge) and their engine translation."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shortconv.sampling_params import SamplingParams
+
+MAX_TOP_LOGPROBS = SamplingParams.MAX_LOGPROBS
+
+
+class APIError(Exception):
+    """An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}` with a status."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = (
+            message,
+            status,
+            type,
+            param,
+            code,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    err = exc.errors()[0]
+    param = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or None
+    return APIError(f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param=param)
+
+
+_PARAM_RE = re.compile(r"^SamplingParams\.(\w+) ")
+
+
+def make_sampling_params(**kwargs: Any) -> SamplingParams:
+    """SamplingParams from request fields; its ValueError becomes a 400 naming the field."""
+    try:
+        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+    except ValueError as exc:
+        m = _PARAM_RE.match(str(exc))
+        raise APIError(str(exc), param=m.group(1) if m else None) from None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    # NOTE: unknown fields are refused (like OpenAI's "Unrecognized request argument"), so a
+    # misspelt knob is a 400 instead of being silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = None  # extension (vLLM): <= 0 disables
+    min_p: float | None = Field(None, ge=0.0, le=1.0)  # extension (vLLM)
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension (vLLM)
+    ignore_eos: bool = False  # extension (vLLM)
+    seed: int | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    def check_unsupported(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise APIError(f"{name} is not supported (must be 0)", param=name)
+        if self.logit_bias:
+            raise APIError("logit_bias is not supported", param="logit_bias")
+
+    def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        self.check_unsupported()
+        return make_sampling_params(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise APIError("only one prompt per request is supported", param="prompt")
+            p = p[0]  # type: ignore[assignment]
+        if not p:
+            raise APIError("prompt is empty", param="prompt")
+        return p  # type: ignore[return-value]
+
+    def check_unsupported(self) -> None:
+        super().check_unsupported()
+        if self.echo:
+            raise APIError("echo is not supported", param="echo")
+        if self.suffix:
+            raise APIError("suffix is not supported", param="suffix")
+        if self.best_of not in (None, 1):
+            raise APIError("best_of must be 1", param="best_of")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self, index: int) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise APIError(
+                    f"content part of type {part.type!r} is not supported (text only)",
+                    param=f"messages.{index}.content",
+                )
+            parts.append(part.text)
+        return "".join(parts)
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str = "text"
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    add_generation_prompt: bool = True  # extension (vLLM)
+
+    def check_unsupported(self) -> None:
+        super().check_unsupported()
+        if self.response_format is not None and self.response_format.type != "text":
+            raise APIError("only response_format type 'text' is supported", param="response_format")
+        if self.tools:
+            raise APIError("tools are not supported", param="tools")
+        if self.top_logprobs and not self.logprobs:
+            raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
+
+    def requested_max_tokens(self) -> int | None:
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else (self.max_tokens)
+        )
+
+    def engine_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]

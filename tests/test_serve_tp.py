@@ -1,0 +1,113 @@
+"""tp_size=2 under Serve: the TP workers live in the replica's placement group, and a dead
+worker fails the replica's health check, so Serve replaces the replica (and its workers)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+from ray import serve
+
+from deployments.app import build_app, parse_args
+
+REPLICA_HEADER = "x-shortconv-replica"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def tp_worker_pids() -> list[int]:
+    """TP worker processes of *our* Ray runtime: descendants of this test process (Linux)."""
+    parent, title = {}, {}
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit():
+                stat = (d / "stat").read_text()
+                parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                title[int(d.name)] = (d / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            pass  # the process went away while we looked
+    mine, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - mine
+        mine |= frontier
+    return sorted(pid for pid in mine if "ray::TPWorker" in title.get(pid, ""))
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    ray_tmp = tempfile.mkdtemp(prefix="scsv-tp-")
+    cache = tmp_path_factory.mktemp("cache")
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        _temp_dir=ray_tmp,
+        num_cpus=4,
+        object_store_memory=128 * 1024 * 1024,
+        runtime_env={"env_vars": {"XDG_CACHE_HOME": str(cache)}},
+    )
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        args = parse_args({"tiny_arch": "lfm2", "tp_size": 2, "max_num_seqs": 4})
+        app = build_app(args, num_replicas=1, health_check_period_s=1, health_check_timeout_s=20)
+        serve.run(app, name="tp", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def complete(base: str) -> httpx.Response:
+    body = {"prompt": "hello", "max_tokens": 6, "temperature": 0.0}
+    return httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+
+
+def test_tp_workers_in_replica_placement_group_and_health(base_url: str) -> None:
+    first = complete(base_url)
+    assert first.status_code == 200 and first.json()["usage"]["completion_tokens"] == 6
+    (pg,) = ray.util.placement_group_table().values()  # the replica's; the executor made none
+    assert pg["strategy"] == "STRICT_PACK" and pg["state"] == "CREATED"
+    assert [b["CPU"] for b in pg["bundles"].values()] == [1.0, 0.5]  # replica+rank 0, rank 1
+    assert httpx.get(f"{base_url}/health", timeout=30).status_code == 200
+
+    pids = tp_worker_pids()
+    assert len(pids) == 2
+    os.kill(pids[1], signal.SIGKILL)  # rank 1 dies under a live replica
+    old = first.headers[REPLICA_HEADER]
+
+    def replaced() -> bool:
+        try:
+            r = complete(base_url)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200 and r.headers[REPLICA_HEADER] != old
+
+    wait_for(replaced, 120, "Serve to replace the replica whose TP worker died")
+    again = complete(base_url)
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    assert len(tp_worker_pids()) == 2 and pids[0] not in tp_worker_pids()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ import torch
 from shortconv.allocators import PageAllocator, SlotAllocator
 from shortconv.config import ConfigError, EngineConfig, ModelConfig, resolve_dtype
 from shortconv.executor import BaseExecutor, ExecutorError
+from shortconv.metrics import MetricsRecorder
 from shortconv.outputs import RequestOutput
 from shortconv.request import Request
 from shortconv.runner import Capacity
@@ -83,6 +85,8 @@ class LLMEngine:
         self._finished: dict[str, int] = {}
         extra = _extra_state(self.model_cfg)
         self._pools = ("conv",) + ((extra,) if extra else ())
+        # Set by shortconv.metrics.attach_metrics; None: no metrics work at all.
+        self.metrics: MetricsRecorder | None = None
 
     def _make_executor(self, tp_size: int) -> BaseExecutor:
         args = (
@@ -147,6 +151,8 @@ class LLMEngine:
         )
         if self.tokenizer is not None:
             self._detok[rid] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        if self.metrics is not None:
+            self.metrics.request_added(rid)
         return rid
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -156,6 +162,9 @@ class LLMEngine:
         if out is not None and req is not None:
             out.finish_reason = req.finish_reason or "abort"
             self._count_finished(out.finish_reason)
+        if self.metrics is not None:  # refreshed now: an idle engine may run no further step
+            self.metrics.request_dropped(request_id)
+            self.metrics.record(self.stats())
         return out
 
     def has_unfinished(self) -> bool:
@@ -163,15 +172,20 @@ class LLMEngine:
 
     # ---- stepping -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan is None:
             return []
         try:
             result = self.executor.execute(plan)
         except ExecutorError as exc:
-            return self._fail_all(str(exc))
-        updated = self.scheduler.update(plan, result)
-        return [self._emit(req) for req in updated]
+            outs = self._fail_all(str(exc))
+        else:
+            updated = self.scheduler.update(plan, result)
+            outs = [self._emit(req) for req in updated]
+        if self.metrics is not None:
+            self.metrics.step_done(self.stats(), plan, outs, time.perf_counter() - start)
+        return outs
 
     def _emit(self, req: Request) -> RequestOutput:
         out = self._outputs[req.request_id]

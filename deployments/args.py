@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+BatchSize = Annotated[int, Field(ge=1)]
 
 
 class AppArgs(BaseModel):
@@ -15,6 +17,9 @@ class AppArgs(BaseModel):
     `seed` seeds the tiny checkpoint and the sampling of requests that bring no seed.
     `replica_num_cpus` is what Ray reserves for the LLMServer replica itself (TP workers get
     their own bundles when tp_size > 1).
+    `enable_graphs` runs decode steps as graph replays (CUDA graphs on GPU); `graph_batch_sizes`
+    is their batch-size ladder (None: the engine's default); a decode batch larger than the
+    largest bucket runs eagerly (counted in shortconv_graph_eager_fallbacks_total).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -32,7 +37,10 @@ class AppArgs(BaseModel):
     session_ttl_s: float = Field(600.0, gt=0)
     max_waiting_requests: int = Field(256, ge=1)
     max_request_bytes: int = Field(1 << 20, ge=1024)
-    api_key: str | None = None
+    request_timeout_s: float = Field(600.0, gt=0)  # queueing to last token; then aborted (504)
+    api_key: str | None = None  # None: $SHORTCONV_API_KEY if set, else no auth
     model_root: str | None = None
     seed: int = 0
     replica_num_cpus: float = Field(0.5, gt=0)
+    enable_graphs: bool = True
+    graph_batch_sizes: Annotated[list[BatchSize], Field(min_length=1)] | None = None

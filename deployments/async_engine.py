@@ -8,6 +8,7 @@ consumer goes away (client disconnect, cancellation) is aborted, freeing its slo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -21,7 +22,7 @@ from shortconv.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.5  # how long an idle loop sleeps between session-TTL sweeps
+_IDLE_WAIT_S = 0.5  # how long an idle loop waits for a command between sweeps (TTL, gauges)
 _STATS_PERIOD_S = 0.1  # the stats snapshot is refreshed at most this often while busy
 _HEALTH_TIMEOUT_S = 30.0  # a step that blocks the loop this long makes the replica unhealthy
 
@@ -111,8 +112,7 @@ class AsyncEngine:
 
     # ---- caller side (asyncio) ------------------------------------------------------------
     def start(self) -> None:
-        sessions = self._sessions()
-        if self._session_ttl_s is not None and sessions is not None:
+        if self._session_ttl_s is not None and (sessions := self._sessions()) is not None:
             sessions.ttl_s = self._session_ttl_s  # the engine's default TTL, set before any use
         self._publish_stats(force=True)
         self._thread.start()
@@ -190,15 +190,23 @@ class AsyncEngine:
                 if self.engine.has_unfinished():
                     for out in self.engine.step():
                         self._deliver(out)
-                elif (sessions := self._sessions()) is not None:
-                    sessions.evict_idle()  # idle: schedule() is not running the TTL sweep
+                else:  # idle: no schedule() sweeps session TTLs, no step refreshes the gauges
+                    if (sessions := self._sessions()) is not None:
+                        sessions.evict_idle()
+                    if (metrics := getattr(self.engine, "metrics", None)) is not None:
+                        metrics.record(self.engine.stats())  # type: ignore[attr-defined]
                 # NOTE: fresh after any submit/abort and on going idle, so occupancy read right
                 # after a request starts or ends (tests, dashboards) is never stale.
                 self._publish_stats(force=handled > 0 or not self.engine.has_unfinished())
-        except Exception as exc:  # a bug in the engine: fail everything, stay dead
+        except Exception as exc:  # a bug in the engine, or a failed executor: fail all, stay dead
             log.exception("engine loop crashed")
-            self._error = f"engine loop crashed: {type(exc).__name__}: {exc}"
+            dead = isinstance(exc, EngineDead)
+            self._error = str(exc) if dead else f"engine loop crashed: {type(exc).__name__}: {exc}"
             self._fail_all(self._error)
+            # NOTE: keep answering commands (adds and health checks get the error), so a request
+            # submitted just as the engine died is answered instead of waiting forever.
+            while self._handle_commands(block=True) >= 0:
+                pass
 
     def _handle_commands(self, block: bool) -> int:
         """Run queued commands; returns how many ran, or -1 on stop."""
@@ -221,6 +229,9 @@ class AsyncEngine:
 
     def _cmd_add(self, arg: tuple[str, list[int], SamplingParams, _Stream]) -> None:
         rid, prompt, params, stream = arg
+        if self._error is not None:  # submitted just as the engine died
+            _put(stream, _final(prompt, "error", self._error))
+            return
         try:
             self.engine.add_request(prompt, params, request_id=rid, session_id=stream.session_id)
         except Exception as exc:  # validated already; this is a race or a duplicate id
@@ -235,24 +246,30 @@ class AsyncEngine:
             self.engine.abort_request(rid)
 
     def _cmd_health(self, fut: asyncio.Future[str | None]) -> None:
-        error = None
-        executor = getattr(self.engine, "executor", None)
-        try:
-            if executor is not None:
-                executor.check_health()
-        except Exception as exc:
-            error = f"executor health check failed: {exc}"
+        error = self._error or self._executor_error()
         fut.get_loop().call_soon_threadsafe(_resolve, fut, error)
 
+    def _executor_error(self) -> str | None:
+        """Why the executor (TP workers) is unusable, or None."""
+        try:
+            if (executor := getattr(self.engine, "executor", None)) is not None:
+                executor.check_health()
+        except Exception as exc:
+            return f"executor health check failed: {exc}"
+        return None
+
     def _deliver(self, out: RequestOutput) -> None:
-        stream = self._streams.get(out.request_id)
-        if stream is None:
+        if (stream := self._streams.get(out.request_id)) is None:
             return
         if out.finished:
             del self._streams[out.request_id]
             if stream.session_id is not None:
                 self._session_seen[stream.session_id] = time.time()
         _put(stream, Delta.of(out))
+        # A failed request may mean a failed executor (dead TP rank), which fails every request
+        # to come: go dead now (503 + failed health check) rather than answer 500s until replaced.
+        if out.finish_reason == "error" and (why := self._executor_error()) is not None:
+            raise EngineDead(why)
 
     def _fail_all(self, message: str) -> None:
         for rid, stream in list(self._streams.items()):
@@ -289,10 +306,8 @@ def _final(prompt: list[int], reason: str, error: str | None) -> Delta:
 
 
 def _put(stream: _Stream, delta: Delta) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody listens
         stream.loop.call_soon_threadsafe(stream.queue.put_nowait, delta)
-    except RuntimeError:  # the caller's event loop is closed: nobody is listening
-        pass
 
 
 def _resolve(fut: asyncio.Future[str | None], error: str | None) -> None:

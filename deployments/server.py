@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,10 +19,42 @@ from ray import serve
 
 from deployments.args import AppArgs
 from deployments.async_engine import AsyncEngine, EngineLike
+from deployments.metrics_sink import attach_ray_metrics
 from deployments.model_source import resolve_model, served_model_name
-from deployments.openai_api import ApiConfig, build_openai_app
+from deployments.openai_api import ApiConfig, build_openai_app, resolve_api_key
 
 log = logging.getLogger(__name__)
+
+# Test hook (tests/test_serve_metrics.py): N > 0 makes the first N decode-graph replays of a
+# tp_size=1 replica raise after the forward, so a forced replay failure can be observed end to
+# end (state restored, the step recomputed eagerly and counted). Never set it in production.
+FAIL_REPLAYS_ENV = "SHORTCONV_TEST_FAIL_REPLAYS"
+
+
+class FailReplays:
+    """GraphRunner.fault_hook that raises on the first `n` "after_replay" phases."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def __call__(self, phase: str) -> None:
+        if phase == "after_replay" and self.left > 0:
+            self.left -= 1
+            raise RuntimeError(f"{FAIL_REPLAYS_ENV}: injected replay failure")
+
+
+def install_test_faults(engine: Any) -> None:
+    """Apply FAIL_REPLAYS_ENV to the in-process graph runner (none with tp_size > 1 or graphs
+    off: the hook then has nowhere to go, which is logged)."""
+    n = int(os.environ.get(FAIL_REPLAYS_ENV, "0") or 0)
+    if n <= 0:
+        return
+    graphs = getattr(getattr(engine.executor, "runner", None), "graphs", None)
+    if graphs is None:
+        log.warning("%s=%d ignored: no in-process graph runner", FAIL_REPLAYS_ENV, n)
+        return
+    log.warning("%s=%d: the first %d graph replays will fail (test hook)", FAIL_REPLAYS_ENV, n, n)
+    graphs.fault_hook = FailReplays(n)
 
 
 def build_engine(args: AppArgs) -> EngineLike:
@@ -31,7 +64,10 @@ def build_engine(args: AppArgs) -> EngineLike:
 
     model_dir = resolve_model(args)
     log.info("loading %s (tp_size=%d, %s)", model_dir, args.tp_size, args.device)
-    return LLMEngine(
+    graphs: dict[str, Any] = {"enable_graphs": args.enable_graphs}
+    if args.graph_batch_sizes is not None:  # None keeps the engine's default ladder
+        graphs["graph_batch_sizes"] = tuple(args.graph_batch_sizes)
+    engine = LLMEngine(
         model_dir,
         tp_size=args.tp_size,
         dtype=args.dtype,
@@ -42,8 +78,11 @@ def build_engine(args: AppArgs) -> EngineLike:
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_state_slots=args.num_state_slots,
             max_model_len=args.max_model_len,
+            **graphs,
         ),
     )
+    install_test_faults(engine)
+    return engine
 
 
 def import_attr(path: str) -> Any:
@@ -64,6 +103,9 @@ class LLMServer:
         factory = import_attr(engine_factory) if engine_factory else build_engine
         # NOTE: loading happens off the event loop so the replica stays responsive to Serve.
         engine = await asyncio.to_thread(factory, self.args)
+        # NOTE: before the loop starts, so every series exists (at 0) from the replica's start;
+        # inside a replica Ray tags them with application, deployment and replica.
+        attach_ray_metrics(engine)
         self.engine = AsyncEngine(
             engine,
             max_num_seqs=self.args.max_num_seqs,
@@ -78,8 +120,9 @@ class LLMServer:
         cfg = ApiConfig(
             model_name=served_model_name(self.args),
             replica_id=self.replica_id,
-            api_key=self.args.api_key,
+            api_key=resolve_api_key(self.args.api_key),
             max_request_bytes=self.args.max_request_bytes,
+            request_timeout_s=self.args.request_timeout_s,
         )
         return build_openai_app(self.engine, cfg)
 

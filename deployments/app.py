@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from deployments.args import AppArgs
 from deployments.router import SessionAffinityRouter
@@ -47,6 +47,10 @@ def deployment_options(args: AppArgs) -> dict[str, Any]:
             "max_replicas": 2,
             "target_ongoing_requests": max(1, args.max_num_seqs // 2),
         },
+        # Bounded waiting at each proxy too: past it Serve itself answers 503 + Retry-After, so
+        # a flood never grows memory without limit (replicas bound theirs: max_waiting_requests).
+        "max_queued_requests": args.max_waiting_requests,
+        "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=1),
         "health_check_period_s": 10.0,
         "health_check_timeout_s": 30.0,
         "request_router_config": RequestRouterConfig(

@@ -1,30 +1,36 @@
-"""The OpenAI-compatible FastAPI app around an AsyncEngine (no Ray here: testable on its own)."""
+"""The OpenAI-compatible FastAPI app around an AsyncEngine (no Ray here: testable on its own).
+
+Every error is OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) and bad input
+never reaches the engine: auth, body size, JSON, schema, model name, sampling fields and the
+context length are all checked first. Auth (`api_key` or $SHORTCONV_API_KEY) covers /v1/*;
+/health (probes) and /openapi.json (the request schemas, no data) are open.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import hmac
-import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments.async_engine import AsyncEngine, Delta, EngineDead, EngineOverloaded
-from deployments.openai_format import Accumulator, Formatter
+from deployments.async_engine import AsyncEngine, EngineDead, EngineOverloaded
+from deployments.openai_format import Formatter, collect, with_deadline
 from deployments.openai_protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    check_context,
     from_validation_error,
+    parse_json_object,
 )
 from shortconv.sampling_params import SamplingParams
 
@@ -33,6 +39,8 @@ from shortconv.sampling_params import SamplingParams
 SESSION_HEADER = os.environ.get("RAY_SERVE_SESSION_ID_HEADER_KEY", "x-session-id")
 REPLICA_HEADER = "x-shortconv-replica"
 MAX_SESSION_ID_LEN = 256
+API_KEY_ENV = "SHORTCONV_API_KEY"
+RETRY_AFTER_S = 1  # what a 503 tells clients to wait: a queue slot frees within a few steps
 
 _Req = TypeVar("_Req", bound=BaseModel)
 
@@ -43,6 +51,13 @@ class ApiConfig:
     replica_id: str = "local"
     api_key: str | None = None
     max_request_bytes: int = 1 << 20
+    request_timeout_s: float = 600.0  # from queueing to the last token; then aborted
+
+
+def resolve_api_key(configured: str | None) -> str | None:
+    """The key clients must send: the `api_key` arg, else $SHORTCONV_API_KEY (read in the
+    replica's environment), else None (no auth). An empty value means unset."""
+    return configured or os.environ.get(API_KEY_ENV) or None
 
 
 def session_id_of(request: Request) -> str | None:
@@ -69,16 +84,8 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
     app.add_middleware(_TagReplica, replica_id=cfg.replica_id)
 
     async def parse(request: Request, model: type[_Req]) -> _Req:
-        check_auth(request, cfg.api_key)
-        body = await request.body()
-        if len(body) > cfg.max_request_bytes:
-            raise APIError(f"request body exceeds {cfg.max_request_bytes} bytes", 413)
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise APIError("request body must be a JSON object")
+        check_auth(request, cfg.api_key)  # NOTE: first, so strangers cannot make us buffer
+        data = parse_json_object(await read_body(request, cfg.max_request_bytes))
         try:
             req = model.model_validate(data)
         except ValidationError as exc:
@@ -102,14 +109,21 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
         stream: bool,
     ) -> Response:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        check_context(len(prompt), params.max_tokens, max_model_len)
+        retry = {"retry-after": str(RETRY_AFTER_S)}
         try:
             deltas = engine.generate(prompt, params, rid, session_id_of(request))
-        except ValueError as exc:
-            raise APIError(str(exc), param="prompt" if "prompt" in str(exc) else None) from None
+        except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
+            raise APIError(str(exc), param="stop" if "stop" in str(exc) else "prompt") from None
         except EngineOverloaded as exc:
-            raise APIError(str(exc), 503, "server_overloaded", code="overloaded") from None
+            raise APIError(
+                str(exc), 503, "server_overloaded", code="overloaded", headers=retry
+            ) from None
         except EngineDead as exc:
-            raise APIError(str(exc), 503, "server_error", code="engine_dead") from None
+            raise APIError(
+                str(exc), 503, "server_error", code="engine_dead", headers=retry
+            ) from None
+        deltas = with_deadline(deltas, cfg.request_timeout_s)
         fmt = Formatter(chat, rid, cfg.model_name, token_text, params.logprobs is not None)
         if stream:
             return StreamingResponse(
@@ -117,7 +131,7 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
             )
-        return JSONResponse(fmt.whole(await _collect(deltas)))
+        return JSONResponse(fmt.whole(await collect(deltas)))
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -126,19 +140,22 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
         card.update(owned_by="shortconv-serve", max_model_len=max_model_len)
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         req = await parse(request, CompletionRequest)
         prompt = req.single_prompt()
         if isinstance(prompt, str):
             if tokenizer is None:
                 raise APIError("this model has no tokenizer: send token ids", param="prompt")
-            prompt = tokenizer.encode(prompt)
+            try:
+                prompt = tokenizer.encode(prompt)
+            except Exception as exc:  # a string the tokenizer cannot take is the client's
+                raise APIError(f"prompt cannot be tokenized: {exc}", param="prompt") from None
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
         params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs)
         return await respond(request, False, prompt, params, req.include_usage, req.stream)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         req = await parse(request, ChatCompletionRequest)
         if tokenizer is None:
@@ -170,15 +187,41 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
         check_auth(request, cfg.api_key)  # it lists session ids
         return {"replica_id": cfg.replica_id, **engine.stats()}
 
+    _install_openapi(app, cfg.model_name)
     return app
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is known to exceed `limit`: from Content-Length
+    before anything is read, else while streaming, so an oversized body is never buffered."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(f"request body exceeds {limit} bytes", 413, code="request_too_large")
 
 
 def check_auth(request: Request, api_key: str | None) -> None:
     if api_key is None:
         return
     auth = request.headers.get("authorization", "")
+    # NOTE: constant time over the secret, so response timing does not leak its prefix.
     if not hmac.compare_digest(auth.encode(), f"Bearer {api_key}".encode()):
-        raise APIError("invalid API key", 401, "authentication_error", code="invalid_api_key")
+        raise APIError(
+            "invalid API key",
+            401,
+            "authentication_error",
+            code="invalid_api_key",
+            headers={"www-authenticate": "Bearer"},
+        )
 
 
 class _TagReplica:
@@ -201,18 +244,35 @@ class _TagReplica:
         await self.app(scope, receive, tagged)
 
 
-async def _collect(deltas: AsyncIterator[Delta]) -> Accumulator:
-    acc = Accumulator()
-    # aclosing: a cancelled (disconnected) request aborts its engine request right away.
-    async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
-        async for d in it:
-            acc.add(d)
-    return acc
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    content = {"application/json": {"schema": ref}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _install_openapi(app: FastAPI, model_name: str) -> None:
+    """/openapi.json with the request bodies the routes parse themselves (they take a raw
+    Request, so FastAPI cannot see them); `model` is the one served name or absent."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        comps = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in (CompletionRequest, ChatCompletionRequest):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(schema.pop("$defs", {}))
+            schema["properties"]["model"] = {"anyOf": [{"const": model_name}, {"type": "null"}]}
+            comps[model.__name__] = schema
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     def reply(err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), err.status)
+        return JSONResponse(err.body(), err.status, headers=err.headers)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -226,3 +286,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return reply(APIError(str(exc.detail), exc.status_code, kind))
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the client's fault: still OpenAI-shaped, and named for the logs.
+        why = f"internal error: {type(exc).__name__}"
+        return reply(APIError(why, 500, "server_error", code="internal_error"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -49,8 +50,18 @@ class Accumulator:
         }
 
 
+_FAILED = ("error", "timeout")  # finish reasons that end a request without an answer
+
+
 def engine_error(message: str | None) -> APIError:
     return APIError(message or "generation failed", 500, "server_error", code="engine_error")
+
+
+def failure(reason: str | None, message: str | None) -> APIError:
+    """The error a failed request reports: the engine's (500) or our deadline's (504)."""
+    if reason == "timeout":
+        return APIError(message or "timed out", 504, "timeout_error", code="request_timeout")
+    return engine_error(message)
 
 
 @dataclass(frozen=True)
@@ -95,8 +106,8 @@ class Formatter:
         }
 
     def whole(self, acc: Accumulator) -> dict[str, Any]:
-        if acc.finish_reason == "error":
-            raise engine_error(acc.error)
+        if acc.finish_reason in _FAILED:
+            raise failure(acc.finish_reason, acc.error)
         lp = self._logprobs(acc.token_ids, acc.logprobs, acc.top_logprobs or None)
         choice: dict[str, Any] = {"index": 0, "logprobs": lp}
         choice["finish_reason"] = _FINISH.get(acc.finish_reason or "stop", "stop")
@@ -120,7 +131,7 @@ class Formatter:
         async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
             async for chunk in self._chunks(it, acc, obj, extra):
                 yield chunk
-        if acc.finish_reason not in (None, "error") and include_usage:
+        if acc.finish_reason not in (None, *_FAILED) and include_usage:
             yield _event({**self._head(obj), "choices": [], "usage": acc.usage()})
         yield "data: [DONE]\n\n"
 
@@ -130,8 +141,8 @@ class Formatter:
         async for d in deltas:
             offset = len(acc.text)
             acc.add(d)
-            if d.finish_reason == "error":
-                yield _event(engine_error(d.error).body())
+            if d.finish_reason in _FAILED:
+                yield _event(failure(d.finish_reason, d.error).body())
                 return
             finish = _FINISH.get(d.finish_reason, "stop") if d.finish_reason else None
             if not d.text and not finish and not self.want_logprobs:
@@ -153,3 +164,32 @@ def _chat_lp(token: str, logprob: float | None) -> dict[str, Any]:
 
 def _event(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+async def collect(deltas: AsyncIterator[Delta]) -> Accumulator:
+    acc = Accumulator()
+    # aclosing: a cancelled (disconnected) request aborts its engine request right away.
+    async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
+        async for d in it:
+            acc.add(d)
+    return acc
+
+
+async def with_deadline(deltas: AsyncIterator[Delta], timeout_s: float) -> AsyncIterator[Delta]:
+    """`deltas` until `timeout_s` after the request was queued, then one final "timeout" delta.
+    Closing `deltas` (here, on timeout, or on a client disconnect) aborts the engine request."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    delta = await anext(it)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                why = f"request exceeded request_timeout_s={timeout_s:g} and was aborted"
+                yield Delta("", (), None, None, "timeout", 0, 0, why)
+                return
+            yield delta
+            if delta.finish_reason is not None:
+                return

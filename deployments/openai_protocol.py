@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shortconv.sampling_params import SamplingParams
 
 MAX_TOP_LOGPROBS = SamplingParams.MAX_LOGPROBS
+MAX_STOP_TOKEN_IDS = 64
 
 
 class APIError(Exception):
@@ -22,6 +24,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message, self.status, self.type, self.param, self.code = (
@@ -31,6 +34,7 @@ class APIError(Exception):
             param,
             code,
         )
+        self.headers = headers  # e.g. Retry-After on 503
 
     def body(self) -> dict[str, Any]:
         return {
@@ -43,10 +47,72 @@ class APIError(Exception):
         }
 
 
+# Pydantic names the union member that failed in `loc` ("str", "list[int]", ...); a client
+# wants the field path only.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none)(\[.*\])?$|.*[\[(]")
+
+
 def from_validation_error(exc: ValidationError) -> APIError:
     err = exc.errors()[0]
-    param = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or None
+    parts = []
+    for p in err.get("loc", ()):
+        if isinstance(p, str) and (p == "body" or _UNION_TAG.match(p)):
+            continue
+        parts.append(str(p))
+    param = ".".join(parts) or None
     return APIError(f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param=param)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or APIError (400): not UTF-8, not JSON, NaN/Infinity (not
+    JSON, though Python accepts them), ints past Python's digit limit, nesting past the
+    recursion limit, or a lone surrogate escape ("\\ud800", which no tokenizer can encode)."""
+    try:
+        data = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError too
+        raise APIError(f"request body is not valid JSON: {exc}"[:500]) from None
+    if not isinstance(data, dict):
+        raise APIError("request body must be a JSON object")
+    bad = _lone_surrogate_at(data)
+    if bad is not None:
+        raise APIError(f"{bad}: not valid Unicode (lone surrogate escape)", param=bad)
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _lone_surrogate_at(data: Any) -> str | None:
+    """Path of the first string (value or key) that cannot be encoded as UTF-8, else None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:  # NOTE: iterative: the depth is already bounded by json's recursion limit
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path or "body"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                sub = f"{path}.{k}" if path else str(k)
+                stack += [(path or "body", k), (sub, x)]
+        elif isinstance(v, list):
+            stack += [(f"{path}.{i}", x) for i, x in enumerate(v)]
+    return None
+
+
+def check_context(num_prompt: int, max_tokens: int, max_model_len: int) -> None:
+    """Prompt + max_tokens must fit the context (OpenAI and vLLM refuse rather than truncate);
+    a prompt that alone is too long is refused by the engine's own check, naming the prompt."""
+    if num_prompt < max_model_len < num_prompt + max_tokens:
+        raise APIError(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{num_prompt} and max_tokens asks for {max_tokens} more",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
 
 
 _PARAM_RE = re.compile(r"^SamplingParams\.(\w+) ")
@@ -61,28 +127,37 @@ def make_sampling_params(**kwargs: Any) -> SamplingParams:
         raise APIError(str(exc), param=m.group(1) if m else None) from None
 
 
+# OpenAI's seed is an int64; ids and top_k fit an int32. Bounds keep huge JSON ints from
+# reaching torch (overflow) and document the limits in the OpenAPI schema.
+INT64 = (-(1 << 63), (1 << 63) - 1)
+INT32_MAX = (1 << 31) - 1
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     include_usage: bool = False
 
 
 class _SamplingFields(BaseModel):
     # NOTE: unknown fields are refused (like OpenAI's "Unrecognized request argument"), so a
-    # misspelt knob is a 400 instead of being silently ignored.
-    model_config = ConfigDict(extra="forbid")
+    # misspelt knob is a 400 instead of being silently ignored. Strict types: "16" is not an
+    # int and "yes" is not a bool (OpenAI refuses both), and NaN/Infinity are no numbers.
+    model_config = _STRICT
 
     model: str | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = None  # extension (vLLM): <= 0 disables
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)  # extension (vLLM): <= 0 disables
     min_p: float | None = Field(None, ge=0.0, le=1.0)  # extension (vLLM)
-    n: int = 1
+    n: int = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})  # see below
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # extension (vLLM)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False  # extension (vLLM)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
@@ -96,6 +171,9 @@ class _SamplingFields(BaseModel):
         return v
 
     def check_unsupported(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            msg = "stream_options is only allowed with stream=true"
+            raise APIError(msg, param="stream_options")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise APIError(f"{name} is not supported (must be 0)", param=name)
@@ -123,8 +201,8 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -151,13 +229,13 @@ class CompletionRequest(_SamplingFields):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -177,14 +255,14 @@ class ChatMessage(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str = "text"
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None

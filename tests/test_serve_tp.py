@@ -1,8 +1,10 @@
 """tp_size=2 under Serve: the TP workers live in the replica's placement group, and a dead
-worker fails the replica's health check, so Serve replaces the replica (and its workers)."""
+worker fails the replica's health check, so Serve replaces the replica (and its workers); a
+worker killed mid-stream ends in-flight requests with an error, never a hang."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -10,6 +12,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +114,43 @@ def test_tp_workers_in_replica_placement_group_and_health(base_url: str) -> None
     again = complete(base_url)
     assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
     assert len(tp_worker_pids()) == 2 and pids[0] not in tp_worker_pids()
+
+
+def test_worker_killed_mid_stream_ends_in_an_error_then_the_replica_is_replaced(
+    base_url: str,
+) -> None:
+    """In-flight requests get a clean error in bounded time (a streamed one an error event and
+    [DONE], not a hang); the replica turns unhealthy, is replaced, and answers correctly again."""
+    want = wait_for(lambda: ok_or_none(base_url), 120, "a healthy replica")
+    old = want.headers[REPLICA_HEADER]
+    body = {"prompt": "hello", "max_tokens": 500, "temperature": 0.0, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=base_url, timeout=60) as http:
+        whole = pool.submit(http.post, "/v1/completions", json=body)  # in flight too
+        events: list[str] = []
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                events += [line[6:]] if line.startswith("data: ") else []
+                if len(events) == 3:
+                    os.kill(tp_worker_pids()[-1], signal.SIGKILL)
+                    killed_at = time.monotonic()
+        elapsed = time.monotonic() - killed_at
+        assert events[-1] == "[DONE]" and elapsed < 30, (elapsed, events[-3:])
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == "engine_error" and "TP rank" in err["message"], err
+        failed = whole.result()
+        assert failed.status_code in (500, 503) and "error" in failed.json(), failed.text
+
+    def replaced() -> httpx.Response | None:
+        r = ok_or_none(base_url)
+        return r if r is not None and r.headers[REPLICA_HEADER] != old else None
+
+    again = wait_for(replaced, 120, "Serve to replace the replica whose TP worker died")
+    assert again.json()["choices"][0]["text"] == want.json()["choices"][0]["text"]
+
+
+def ok_or_none(base: str) -> httpx.Response | None:
+    try:
+        r = complete(base)
+    except httpx.HTTPError:
+        return None
+    return r if r.status_code == 200 else None

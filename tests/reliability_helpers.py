@@ -1,0 +1,169 @@
+"""Shared by tests/test_reliability_*.py: a private Ray + Serve instance on loopback ports, SSE
+parsing, per-replica stats, and the fault-injecting engine factory the fault tests deploy.
+
+The factory is imported inside the replica as `tests.reliability_helpers:faulty_engine` (Ray puts
+the driver's working directory, the repository root, on the workers' path), so this module
+imports nothing from the test modules and nothing heavy at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPLICA_HEADER = "x-shortconv-replica"
+SESSION_HEADER = "x-session-id"
+IDLE_KEYS = ("num_running", "num_waiting", "num_active_requests", "slots_used", "kv_pages_used")
+
+# Fault-injection knobs, recognised by faulty_engine through the request's seed.
+POISON_SEED = 666_001  # this request's third token raises inside the engine (one request fails)
+SLOW_SEED = 666_002  # while this request runs, every engine step sleeps SLOW_STEP_S
+SLOW_STEP_S = 0.15
+FAULT_LOG_ENV = "SCSV_FAULT_LOG"  # file the factory appends one line to per preemption
+FAULT_KV_PAGES_ENV = "SCSV_FAULT_KV_PAGES"
+FAULT_KV_PAGE_SIZE = 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, period_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(period_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+@contextmanager
+def serve_app(
+    tmp: Path,
+    args: dict[str, Any],
+    env: dict[str, str] | None = None,
+    num_cpus: int = 4,
+    **overrides: Any,
+) -> Iterator[str]:
+    """Run `deployments.app` with `args` on a private Ray runtime; yields the base URL."""
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app, parse_args
+
+    ray_tmp = tempfile.mkdtemp(prefix="scrl-")  # short: Ray's socket paths live under it
+    env_vars = {"XDG_CACHE_HOME": str(tmp / "cache"), **(env or {})}
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        _temp_dir=ray_tmp,
+        num_cpus=num_cpus,
+        object_store_memory=128 * 1024 * 1024,
+        runtime_env={"env_vars": env_vars},
+    )
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        engine_factory = overrides.pop("engine_factory", None)
+        app = build_app(parse_args(args), engine_factory, **overrides)
+        serve.run(app, name="rel", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def sse_data(text: str) -> list[str]:
+    """The `data:` payloads of a server-sent-events body, in order."""
+    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def stream_text(events: list[str]) -> str:
+    """Concatenated text of completion or chat chunks (errors and [DONE] skipped)."""
+    out = []
+    for e in events:
+        if e == "[DONE]":
+            continue
+        for c in json.loads(e).get("choices", []):
+            out.append(c.get("text") or (c.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
+def replica_stats(http: httpx.Client, num_replicas: int, tries: int = 40) -> dict[str, dict]:
+    """/v1/internal/stats of every replica (requests without a session spread over them)."""
+    seen: dict[str, dict] = {}
+    for _ in range(tries):
+        r = http.get("/v1/internal/stats")
+        seen[r.headers[REPLICA_HEADER]] = r.json()
+        if len(seen) >= num_replicas:
+            break
+    return seen
+
+
+def idle(stats: dict[str, Any]) -> bool:
+    """Nothing running, queued, held by a session, nor any slot or KV page in use."""
+    return all(stats[k] == 0 for k in IDLE_KEYS) and stats["sessions_held"] == 0
+
+
+def wait_idle(http: httpx.Client, num_replicas: int, timeout_s: float = 30.0) -> dict[str, dict]:
+    def check() -> dict[str, dict] | None:
+        seen = replica_stats(http, num_replicas)
+        ok = len(seen) == num_replicas and all(idle(s) for s in seen.values())
+        return seen if ok else None
+
+    return wait_for(check, timeout_s, "every replica to return to idle", period_s=0.5)
+
+
+# ---- the fault-injecting engine (runs inside the replica) -----------------------------------
+def faulty_engine(args: Any) -> Any:
+    """The real engine with test-only faults keyed on the request's seed, a small KV pool (so
+    decode growth preempts), and every preemption logged to $SCSV_FAULT_LOG."""
+    from deployments.model_source import resolve_model
+    from shortconv.config import EngineConfig
+    from shortconv.engine import LLMEngine
+
+    cfg = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_state_slots=args.num_state_slots,
+        max_model_len=args.max_model_len,
+        kv_page_size=FAULT_KV_PAGE_SIZE,
+        num_kv_pages=int(os.environ.get(FAULT_KV_PAGES_ENV, "0")),
+    )
+    engine = LLMEngine(resolve_model(args), dtype=args.dtype, seed=args.seed, engine_config=cfg)
+    emit, step, preempt = engine._emit, engine.step, engine.scheduler._preempt
+    log_path = os.environ.get(FAULT_LOG_ENV)
+
+    def faulty_emit(req: Any) -> Any:
+        if req.params.seed == POISON_SEED and len(req.output_token_ids) >= 3:
+            raise RuntimeError("injected fault in one request")
+        return emit(req)
+
+    def slow_step() -> Any:
+        if any(r.params.seed == SLOW_SEED for r in engine.scheduler.running):
+            time.sleep(SLOW_STEP_S)
+        return step()
+
+    def logged_preempt(req: Any) -> None:
+        if log_path:
+            with open(log_path, "a") as f:
+                f.write(f"{req.request_id}\n")
+        preempt(req)
+
+    engine._emit, engine.step = faulty_emit, slow_step  # type: ignore[method-assign]
+    engine.scheduler._preempt = logged_preempt  # type: ignore[method-assign]
+    return engine

@@ -182,10 +182,26 @@ class LLMEngine:
             outs = self._fail_all(str(exc))
         else:
             updated = self.scheduler.update(plan, result)
-            outs = [self._emit(req) for req in updated]
+            outs = [self._emit_or_fail(req) for req in updated]
         if self.metrics is not None:
             self.metrics.step_done(self.stats(), plan, outs, time.perf_counter() - start)
         return outs
+
+    def _emit_or_fail(self, req: Request) -> RequestOutput:
+        """`_emit`; a host-side failure of one request (detokenizer, stop strings) fails that
+        request alone, freeing its slot and pages, and the rest of the batch goes on."""
+        try:
+            return self._emit(req)
+        except Exception as exc:
+            log.exception("request %s failed", req.request_id)
+            if not req.finished:
+                self.scheduler.finish(req, "error")
+            out = self._outputs.pop(req.request_id, None)
+            out = out or RequestOutput(req.request_id, list(req.prompt_token_ids))
+            self._detok.pop(req.request_id, None)
+            out.finish_reason, out.error = "error", f"{type(exc).__name__}: {exc}"
+            self._count_finished("error")
+            return out
 
     def _emit(self, req: Request) -> RequestOutput:
         out = self._outputs[req.request_id]

@@ -61,6 +61,7 @@ class LLMEngine:
                 f"max_position_embeddings={self.model_cfg.max_model_len}"
             )
         self.capacity = plan_capacity(self.model_cfg, eng, self.max_model_len, self.dtype)
+        self.max_model_len = _fit_max_len(self.max_model_len, self.capacity, eng)
         self.tokenizer = Tokenizer.load(self.model_dir)
         self.seed = seed
         self._ids = itertools.count()
@@ -272,6 +273,25 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _fit_max_len(max_len: int, capacity: Capacity, eng: EngineConfig) -> int:
+    """A sequence must fit the KV pool on its own, or it would preempt itself forever.
+
+    An explicit max_model_len that does not fit is refused; the model's default is capped to
+    what fits (like vLLM), with a warning.
+    """
+    fits = (capacity.num_pages - 1) * eng.kv_page_size
+    if max_len <= fits:
+        return max_len
+    if eng.max_model_len:
+        raise ConfigError(
+            f"max_model_len={max_len} needs {-(-max_len // eng.kv_page_size)} KV pages but the "
+            f"pool has {capacity.num_pages - 1}; raise num_kv_pages / kv_cache_bytes or lower "
+            "max_model_len"
+        )
+    log.warning("KV pool holds %d tokens: capping max_model_len %d -> %d", fits, max_len, fits)
+    return fits
 
 
 def _extra_state(cfg: ModelConfig) -> str | None:

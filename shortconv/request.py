@@ -33,6 +33,7 @@ class Request:
     session_id: str | None = None
     num_cached_tokens: int = 0  # prompt tokens resumed from kept session state
     prompt_ckpt: Checkpoint | None = None  # end-of-prompt snapshot, kept with the session
+    session_looked_up: bool = False  # the kept-state lookup happens once, at first admission
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -154,8 +154,10 @@ class Scheduler:
 
     # ---- sessions ---------------------------------------------------------------------
     def _maybe_resume(self, req: Request) -> None:
-        if req.session_id is None or req.slot is not None or req.num_preemptions:
+        # NOTE: one lookup per request: a request that waits is not a new miss on every pass.
+        if req.session_id is None or req.session_looked_up:
             return
+        req.session_looked_up = True
         resume = self.sessions.take(req.session_id, req.prompt_token_ids)
         if resume is not None:
             req.slot, req.pages = resume.slot, resume.pages

@@ -131,3 +131,12 @@ def test_text_prompt_without_tokenizer(ckpt, tmp_path):
 def test_unknown_engine_option(ckpt):
     with pytest.raises(ValueError, match="unknown LLM option.*max_num_seq"):
         LLM(model=ckpt, max_num_seq=4)
+
+
+def test_max_model_len_must_fit_the_kv_pool(ckpt):
+    with pytest.raises(ConfigError, match="KV pages"):
+        LLM(model=ckpt, max_model_len=512, num_kv_pages=4, kv_page_size=16)
+    capped = LLM(model=ckpt, num_kv_pages=5, kv_page_size=16)  # 4 usable pages = 64 tokens
+    assert capped.engine.max_model_len == 64
+    with pytest.raises(ValueError, match="maximum model length is 64"):
+        capped.generate(prompt_token_ids=[[5] * 64], sampling_params=G)

@@ -103,3 +103,12 @@ def test_stats_track_occupancy_and_return_to_idle(ckpt):
     eng.scheduler.sessions.drop("x")
     assert eng.stats().slots_used == 0 and eng.stats().kv_pages_used == 0
     assert rid
+
+
+def test_waiting_request_counts_one_session_miss(ckpt):
+    eng = LLMEngine(ckpt, dtype="float32", engine_config=EngineConfig(max_num_seqs=1))
+    eng.add_request([5, 6, 7], G)
+    eng.add_request([8, 9], G, session_id="new")  # waits behind the first for several steps
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.stats().session_misses == 1

@@ -1,0 +1,62 @@
+"""The engine surface the Serve layer relies on, and what the loop hands back per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shortconv.outputs import RequestOutput
+from shortconv.sampling_params import SamplingParams
+
+
+class EngineLike(Protocol):
+    """The part of `shortconv.engine.LLMEngine` the Serve layer uses (a fake implements it)."""
+
+    max_model_len: int
+    tokenizer: Any
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, session_id: str
+    ) -> str: ...
+    def abort_request(self, request_id: str) -> RequestOutput | None: ...
+    def step(self) -> list[RequestOutput]: ...
+    def has_unfinished(self) -> bool: ...
+    def shutdown(self) -> None: ...
+
+
+class EngineOverloaded(RuntimeError):
+    """Too many requests are already queued on this replica (HTTP 503)."""
+
+
+class EngineDead(RuntimeError):
+    """The loop thread is gone; the replica must be replaced (HTTP 503, failed health check)."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one engine step added to one request (a snapshot: the engine reuses its objects)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float | None, ...] | None
+    top_logprobs: tuple[list[tuple[int, float]] | None, ...] | None
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    error: str | None = None
+
+    @staticmethod
+    def of(out: RequestOutput) -> Delta:
+        n = len(out.new_token_ids)
+        lps, tops = out.logprobs, out.top_logprobs
+        return Delta(
+            out.new_text,
+            tuple(out.new_token_ids),
+            tuple(lps[-n:]) if lps is not None and n else None,
+            tuple(tops[-n:]) if tops is not None and n else None,
+            out.finish_reason,
+            len(out.prompt_token_ids),
+            out.num_cached_tokens,
+            out.error,
+        )

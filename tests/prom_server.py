@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,17 +21,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ray_env import free_port
+
 SCRAPE_INTERVAL_S = 1
 
 
 def prometheus_binary() -> str | None:
     return shutil.which("prometheus")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(targets: Sequence[str]) -> str:

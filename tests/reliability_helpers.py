@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,12 +31,6 @@ FAULT_KV_PAGES_ENV = "SCSV_FAULT_KV_PAGES"
 FAULT_KV_PAGE_SIZE = 8
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, period_s: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -59,32 +50,22 @@ def serve_app(
     **overrides: Any,
 ) -> Iterator[str]:
     """Run `deployments.app` with `args` on a private Ray runtime; yields the base URL."""
-    import ray
     from ray import serve
+    from ray_env import free_port, private_ray  # not at module level: replicas import this file
 
     from deployments.app import build_app, parse_args
 
-    ray_tmp = tempfile.mkdtemp(prefix="scrl-")  # short: Ray's socket paths live under it
     env_vars = {"XDG_CACHE_HOME": str(tmp / "cache"), **(env or {})}
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=ray_tmp,
-        num_cpus=num_cpus,
-        object_store_memory=128 * 1024 * 1024,
-        runtime_env={"env_vars": env_vars},
-    )
-    try:
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        engine_factory = overrides.pop("engine_factory", None)
-        app = build_app(parse_args(args), engine_factory, **overrides)
-        serve.run(app, name="rel", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    with private_ray("scrl-", env_vars, num_cpus=num_cpus):
+        try:
+            port = free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            engine_factory = overrides.pop("engine_factory", None)
+            app = build_app(parse_args(args), engine_factory, **overrides)
+            serve.run(app, name="rel", route_prefix="/")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            serve.shutdown()
 
 
 def sse_data(text: str) -> list[str]:

@@ -11,9 +11,6 @@ One Serve instance for the module; the tests run in order and share it:
 
 from __future__ import annotations
 
-import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +23,7 @@ import openai
 import pytest
 import ray
 from ray import serve
+from ray_env import free_port, private_ray
 
 from deployments.app import build_app, parse_args
 
@@ -58,12 +56,6 @@ class Service:
     owner: dict[str, str] = field(default_factory=dict)  # session -> replica of its last turn
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(pred: Any, timeout_s: float, what: str, period_s: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -76,18 +68,14 @@ def wait_for(pred: Any, timeout_s: float, what: str, period_s: float = 0.2) -> A
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    ray_tmp = tempfile.mkdtemp(prefix="scsv-")  # short: Ray's socket paths live under it
     cache = tmp_path_factory.mktemp("cache")
     target = tmp_path_factory.mktemp("scale") / "target"
     target.write_text("1")
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=ray_tmp,
-        num_cpus=4,
-        object_store_memory=128 * 1024 * 1024,
-        runtime_env={"env_vars": {"XDG_CACHE_HOME": str(cache)}},
-    )
+    with private_ray("scsv-", {"XDG_CACHE_HOME": str(cache)}):
+        yield from _start_service(target)
+
+
+def _start_service(target: Path) -> Iterator[Service]:
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -102,8 +90,6 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             yield Service(base, target, client, http)
     finally:
         serve.shutdown()
-        ray.shutdown()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def ask(svc: Service, messages: list[dict[str, str]], session: str | None) -> tuple[str, int, str]:

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,16 +17,11 @@ import httpx
 import pytest
 import ray
 from ray import serve
+from ray_env import free_port, private_ray
 
 from deployments.app import build_app, parse_args
 
 REPLICA_HEADER = "x-shortconv-replica"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred: Any, timeout_s: float, what: str) -> Any:
@@ -62,27 +54,19 @@ def tp_worker_pids() -> list[int]:
 
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    ray_tmp = tempfile.mkdtemp(prefix="scsv-tp-")
     cache = tmp_path_factory.mktemp("cache")
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=ray_tmp,
-        num_cpus=4,
-        object_store_memory=128 * 1024 * 1024,
-        runtime_env={"env_vars": {"XDG_CACHE_HOME": str(cache)}},
-    )
-    try:
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        args = parse_args({"tiny_arch": "lfm2", "tp_size": 2, "max_num_seqs": 4})
-        app = build_app(args, num_replicas=1, health_check_period_s=1, health_check_timeout_s=20)
-        serve.run(app, name="tp", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    with private_ray("scsv-tp-", {"XDG_CACHE_HOME": str(cache)}):
+        try:
+            port = free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            args = parse_args({"tiny_arch": "lfm2", "tp_size": 2, "max_num_seqs": 4})
+            app = build_app(
+                args, num_replicas=1, health_check_period_s=1, health_check_timeout_s=20
+            )
+            serve.run(app, name="tp", route_prefix="/")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            serve.shutdown()
 
 
 def complete(base: str) -> httpx.Response:

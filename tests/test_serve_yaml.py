@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,17 +21,12 @@ import httpx
 import openai
 import pytest
 import yaml
+from ray_env import free_port
 
 from deployments.app import parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 240.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

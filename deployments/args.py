@@ -42,5 +42,5 @@ class AppArgs(BaseModel):
     model_root: str | None = None
     seed: int = 0
     replica_num_cpus: float = Field(0.5, gt=0)
-    enable_graphs: bool = True
+    enable_graphs: bool | None = None  # None: on for CUDA, off for CPU (the engine default)
     graph_batch_sizes: Annotated[list[BatchSize], Field(min_length=1)] | None = None

@@ -15,7 +15,7 @@ import torch
 
 from shortconv.plan import StepPlan
 from shortconv.state_pool import StatePool
-from shortconv.step_tensors import StepTensors, build_step_tensors
+from shortconv.step_tensors import StepScratch, StepTensors, build_step_tensors
 
 PAD_SLOT_ID = -1
 
@@ -53,6 +53,7 @@ class AttentionMetadata:
     k_cache: torch.Tensor  # [pages*page_size, Hk, d]
     v_cache: torch.Tensor
     step: StepTensors
+    scratch: StepScratch | None = None  # the backend's reusable buffers (CPU kernels use them)
 
 
 class BaseStateBackend(ABC):
@@ -85,6 +86,7 @@ class ShortConvBackend(BaseStateBackend):
         self.extra_state = extra_state  # name of the second per-layer state, if the model has one
         self.num_resolutions = 0  # NOTE: tests count this to prove once-per-step resolution
         self._step: StepTensors | None = None
+        self.scratch = StepScratch()
 
     def begin_step(self, plan: StepPlan) -> StepTensors:
         page_size = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
@@ -96,6 +98,7 @@ class ShortConvBackend(BaseStateBackend):
         """Make `step` the current step (graph replay binds its static buffers here)."""
         self.num_resolutions += 1
         self._step = step
+        self.scratch.new_step()
 
     @property
     def step(self) -> StepTensors:
@@ -118,4 +121,4 @@ class ShortConvBackend(BaseStateBackend):
 
     def attention_metadata(self, layer_id: int) -> AttentionMetadata:
         k, v = self.pool.kv(layer_id)
-        return AttentionMetadata(k_cache=k, v_cache=v, step=self.step)
+        return AttentionMetadata(k_cache=k, v_cache=v, step=self.step, scratch=self.scratch)

@@ -141,7 +141,10 @@ class EngineConfig:
     num_kv_pages: int = 0  # 0: enough for max_num_seqs full-length sequences, capped by memory
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     kv_cache_bytes: int = 1 << 30  # cap on KV pages when num_kv_pages is 0
-    enable_graphs: bool = True
+    # None: graph-captured decode on CUDA only. On CPU a "replay" is the same eager forward on
+    # static buffers padded to a (batch, context) bucket, plus a per-step state snapshot, and MoE
+    # runs every expert: measured 1.3x slower per decode step (bench/RESULTS.md, CPU results).
+    enable_graphs: bool | None = None
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     # Decode contexts (tokens) the captured graphs cover, each capped at max_model_len; longer
     # contexts decode eagerly. See shortconv.graph_runner for why context is bucketed.
@@ -156,3 +159,9 @@ class EngineConfig:
             )
         if self.kv_page_size < 1:
             raise ConfigError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
+
+    def graphs_enabled(self, device: torch.device) -> bool:
+        """`enable_graphs`, with None resolved for `device` (on for CUDA only)."""
+        if self.enable_graphs is None:
+            return device.type == "cuda"
+        return self.enable_graphs

@@ -60,7 +60,7 @@ class ModelRunner:
         self.backend = ShortConvBackend(self.pool, device, cls.extra_state_name)
         self.sampler = Sampler()
         self.graphs: GraphRunner | None = None
-        if engine_cfg.enable_graphs:
+        if engine_cfg.graphs_enabled(device):
             max_len = engine_cfg.max_model_len or model_cfg.max_model_len
             self.graphs = GraphRunner(self.model, self.backend, engine_cfg, max_len, tp.size)
             self.graphs.capture()
@@ -76,7 +76,9 @@ class ModelRunner:
         else:
             step = self.backend.begin_step(plan)
             hidden = self.model(step.input_ids, step.positions, self.backend)
-            sampled, used_graph = hidden[step.logits_indices], False
+            # A decode step samples every row: skip the identity gather.
+            every = step.is_decode and step.logits_indices.numel() == step.num_tokens
+            sampled, used_graph = (hidden if every else hidden[step.logits_indices]), False
         if plan.copies_after:
             self._copy(plan.copies_after)
         rows = [s.sampling for s in plan.seqs if s.sampling is not None]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import shortconv.backend as backend_mod
+from shortconv.config import EngineConfig
 from shortconv.engine import LLMEngine
 from shortconv.sampling_params import SamplingParams
 from shortconv.tools.make_tiny import make_tiny_checkpoint
@@ -14,7 +15,8 @@ from shortconv.tools.make_tiny import make_tiny_checkpoint
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = make_tiny_checkpoint("lfm2", tmp_path_factory.mktemp("lfm2"), seed=3)
-    return LLMEngine(path, dtype="float32")
+    # Graphs on explicitly (CPU defaults to eager): decode must refresh the static buffers once.
+    return LLMEngine(path, dtype="float32", engine_config=EngineConfig(enable_graphs=True))
 
 
 def test_resolution_once_per_step(engine, monkeypatch):

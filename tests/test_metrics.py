@@ -263,8 +263,8 @@ def test_standalone_llm_exports_over_http(tiny_lfm2: Path) -> None:
     from shortconv.llm import LLM
     from shortconv.sampling_params import SamplingParams
 
-    llm = LLM(tiny_lfm2, dtype="float32", max_num_seqs=4, graph_batch_sizes=(1, 2, 4),
-              graph_context_sizes=(32,))  # fmt: skip
+    llm = LLM(tiny_lfm2, dtype="float32", max_num_seqs=4, enable_graphs=True,
+              graph_batch_sizes=(1, 2, 4), graph_context_sizes=(32,))  # fmt: skip
     server = serve_metrics(llm)  # port 0: a free port
     try:
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -42,7 +42,7 @@ def tiny_lfm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_engine(path: str | Path) -> LLMEngine:
-    cfg = EngineConfig(max_num_seqs=4, graph_batch_sizes=(1, 2, 4),
+    cfg = EngineConfig(max_num_seqs=4, enable_graphs=True, graph_batch_sizes=(1, 2, 4),
                        graph_context_sizes=(CONTEXT_BUCKET,))  # fmt: skip
     return LLMEngine(path, dtype="float32", engine_config=cfg)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from shortconv.kernels.conv1d_ref import _scatter_states
+from shortconv.kernels.conv1d_ref import _scatter_states, all_live_cpu
 
 
 def _two_stage(
@@ -30,7 +30,11 @@ def _two_stage(
     (w1 [C, g, t1], groups of g channels) valid convs, each with its bias."""
     chans, n, _ = win.shape
     t0, (g, t1) = w0.shape[1], w1.shape[1:]
-    stage1 = (win.unfold(2, t0, 1) * w0.float()[:, None, None, :]).sum(-1)  # [C, N, t1]
+    # Stage 1 tap by tap (see conv1d_ref.tap_sum for why not unfold + sum(-1)).
+    w0f = w0.float()[:, None, :]
+    stage1 = win[:, :, :t1] * w0f[:, :, 0:1]  # [C, N, t1]
+    for k in range(1, t0):
+        stage1.addcmul_(win[:, :, k : k + t1], w0f[:, :, k : k + 1])
     if b0 is not None:
         stage1 = stage1 + b0.float()[:, None, None]
     groups = chans // g
@@ -131,6 +135,12 @@ def cca_conv_update_ref(
     if x.shape[0] == 0:
         return out
     slots = cache_indices.to(device=dev, dtype=torch.int64)
+    if all_live_cpu(slots, pad_slot_id):  # no pad rows: no masking (see all_live_cpu)
+        u = torch.cat([conv_states[slots].float(), x.float()[:, :, None]], dim=2)
+        out.copy_(_two_stage(u.permute(1, 0, 2), w0, b0, w1, b1).t())
+        if conv_states.shape[2] > 0:
+            conv_states.index_copy_(0, slots, u[:, :, 1:].to(conv_states.dtype))
+        return out
     live = slots != pad_slot_id
     safe = torch.where(live, slots, torch.zeros_like(slots))
     u = torch.cat([conv_states[safe].float(), x.float()[:, :, None]], dim=2)  # [B, C, K+1]
@@ -199,6 +209,10 @@ def cca_prev_value_update_ref(
     if v.shape[0] == 0:
         return torch.zeros_like(v)
     slots = cache_indices.to(device=v.device, dtype=torch.int64)
+    if all_live_cpu(slots, pad_slot_id):  # no pad rows: no masking (see all_live_cpu)
+        res = prev_state[slots].to(v.dtype)
+        prev_state.index_copy_(0, slots, v.to(prev_state.dtype))
+        return res
     live = slots != pad_slot_id
     safe = torch.where(live, slots, torch.zeros_like(slots))
     res = torch.where(live[:, None], prev_state[safe].to(v.dtype), torch.zeros_like(v))

@@ -39,5 +39,5 @@ class Lfm2Attention(nn.Module):
         md = backend.attention_metadata(self.layer_id)
         q, k = self.rope(md.step.positions, q, k)
         write_kv_ref(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
-        out = paged_attention_ref(q, md.k_cache, md.v_cache, md.step, self.scale)
+        out = paged_attention_ref(q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch)
         return self.out_proj(out.reshape(t, -1))

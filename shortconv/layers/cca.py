@@ -166,5 +166,5 @@ class CCAAttention(nn.Module):
         md = backend.attention_metadata(self.layer_id)
         q, k = self.rope(md.step.positions, q, k)
         write_kv_ref(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
-        out = paged_attention_ref(q, md.k_cache, md.v_cache, md.step, self.scale)
+        out = paged_attention_ref(q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch)
         return self.o_proj(out.reshape(x.shape[0], -1))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortconv.layers.linear import mark_shard
+from shortconv.layers.linear import linear, mark_shard
 from shortconv.parallel import ParallelContext
 
 
@@ -76,5 +76,5 @@ class FusedExperts(nn.Module):
         return (y * w[:, :, None]).sum(0)
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(self.act(gate) * up, self.down_proj[e])
+        gate, up = linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return linear(self.act(gate) * up, self.down_proj[e])

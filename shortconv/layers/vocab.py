@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortconv.layers.linear import mark_shard
+from shortconv.layers.linear import linear, mark_shard
 from shortconv.parallel import ParallelContext
 
 
@@ -39,4 +39,4 @@ class LMHead(nn.Module):
         self.bias = mark_shard(nn.Parameter(torch.empty(rows)), 0) if bias else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(F.linear(h, self.weight, self.bias))
+        return self.tp.all_gather_last(linear(h, self.weight, self.bias))

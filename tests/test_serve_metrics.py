@@ -188,7 +188,8 @@ def test_build_engine_passes_graph_args_and_the_fault_hook(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     base = {"tiny_arch": "lfm2", "max_num_seqs": 4, "dtype": "float32"}
     monkeypatch.setenv(FAIL_REPLAYS_ENV, "2")
-    engine = build_engine(parse_args({**base, "graph_batch_sizes": [1, 2]}))
+    args = {**base, "enable_graphs": True, "graph_batch_sizes": [1, 2]}  # CPU default is off
+    engine = build_engine(parse_args(args))
     try:
         graphs = engine.executor.runner.graphs  # type: ignore[attr-defined]
         assert graphs.batch_sizes == (1, 2)
@@ -197,8 +198,9 @@ def test_build_engine_passes_graph_args_and_the_fault_hook(
     finally:
         engine.shutdown()
     monkeypatch.delenv(FAIL_REPLAYS_ENV)
-    engine = build_engine(parse_args({**base, "enable_graphs": False}))
-    try:
-        assert engine.executor.runner.graphs is None  # type: ignore[attr-defined]
-    finally:
-        engine.shutdown()
+    for off in ({"enable_graphs": False}, {}):  # explicit off, and the CPU default
+        engine = build_engine(parse_args({**base, **off}))
+        try:
+            assert engine.executor.runner.graphs is None  # type: ignore[attr-defined]
+        finally:
+            engine.shutdown()

@@ -186,13 +186,17 @@ def model_name(url: str) -> str:
 
 
 @contextmanager
-def launched(yaml_path: str, timeout_s: float):  # noqa: ANN201 - Iterator[str]
-    """`serve run` on a copy of `yaml_path` with a free port; yields the base URL."""
+def launched(yaml_path: str, timeout_s: float, app_args: list[str]):  # noqa: ANN201 - Iterator[str]
+    """`serve run` on a copy of `yaml_path` with a free port (and `KEY=VALUE` overrides of the
+    first application's args); yields the base URL."""
     import socket
 
     import yaml
 
     config = yaml.safe_load(Path(yaml_path).read_text())
+    for item in app_args:
+        key, _, raw = item.partition("=")
+        config["applications"][0]["args"][key] = yaml.safe_load(raw)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -241,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--launch", metavar="YAML", help="start `serve run YAML` on a free port first")
     p.add_argument("--launch-timeout", type=float, default=300.0)
+    p.add_argument("--app-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --launch: override an app arg, e.g. enable_graphs=false")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--duration", type=float, default=120.0, help="stop issuing after this")
@@ -256,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= args.concurrency <= 256 or args.requests > 10_000 or args.sessions > 1_000:
         raise SystemExit("bounded load only: concurrency 1..256, requests <= 10000")
     if args.launch:
-        with launched(args.launch, args.launch_timeout) as url:
+        with launched(args.launch, args.launch_timeout, args.app_arg) as url:
             args.url = url
             run(args)
     else:

@@ -56,6 +56,17 @@ def test_linear_onednn_path_matches_f_linear() -> None:
     assert linear_mod.linear(torch.randn(2, w.shape[1]), wg).requires_grad
 
 
+def test_fused_swiglu_matches_the_plain_path() -> None:
+    g = torch.Generator().manual_seed(3)
+    hidden, inter = 256, linear_mod.ONEDNN_MIN_WEIGHT // 256
+    w_gate, w_up = (torch.randn(inter, hidden, generator=g) / 16 for _ in range(2))
+    x = torch.randn(linear_mod.FUSED_SWIGLU_MIN_ROWS, hidden, generator=g)
+    with torch.inference_mode():
+        got = linear_mod.silu_mul(x, w_gate, w_up)
+        want = F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("batch", [1, 5])
 def test_decode_step_tensors_equal_the_general_path(batch: int) -> None:
     plan = plan_of([3 + 7 * i for i in range(batch)], [1] * batch, seed=batch)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear
+from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, silu_mul
 from shortconv.parallel import ParallelContext
 
 
@@ -18,4 +17,4 @@ class SwiGLU(nn.Module):
         self.w2 = RowParallelLinear(inter, hidden, False, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(silu_mul(x, self.w1.weight, self.w3.weight))

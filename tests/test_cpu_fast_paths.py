@@ -67,6 +67,20 @@ def test_fused_swiglu_matches_the_plain_path() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [7, 64, 1024 + 16])
+def test_fp32_rms_norm_is_bit_equal_to_the_reference_order(dim: int) -> None:
+    from shortconv.layers.norm import RMSNorm
+
+    g = torch.Generator().manual_seed(dim)
+    norm = RMSNorm(dim, 1e-5)
+    norm.weight.data = torch.randn(dim, generator=g)
+    x = torch.randn(33, dim, generator=g) * 3
+    with torch.inference_mode():
+        assert torch.equal(norm(x), norm.reference(x))
+        xb = x.to(torch.bfloat16)  # other dtypes keep the reference path
+        assert torch.equal(norm(xb), norm.reference(xb))
+
+
 @pytest.mark.parametrize("batch", [1, 5])
 def test_decode_step_tensors_equal_the_general_path(batch: int) -> None:
     plan = plan_of([3 + 7 * i for i in range(batch)], [1] * batch, seed=batch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shortconv.layers.linear import mark_shard
@@ -15,6 +16,14 @@ class RMSNorm(nn.Module):
         self.weight = mark_shard(nn.Parameter(torch.ones(dim)), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # fp32 needs no casts, and the fused op is the same products in the same order
+            # (tested bit-equal): one call instead of six small ops, which on a tiny model's
+            # decode step were a tenth of its time.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.reference(x)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -149,6 +149,9 @@ class EngineConfig:
     # Decode contexts (tokens) the captured graphs cover, each capped at max_model_len; longer
     # contexts decode eagerly. See shortconv.graph_runner for why context is bucketed.
     graph_context_sizes: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+    # CPU fp32: keep a oneDNN-blocked copy of every large linear weight (about the weights'
+    # size again in memory) for batches of 8+ rows, where it measured 5-40% faster per GEMM.
+    prepack_cpu_weights: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

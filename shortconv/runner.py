@@ -12,6 +12,7 @@ import torch
 from shortconv.backend import ShortConvBackend
 from shortconv.config import ConfigError, EngineConfig, ModelConfig
 from shortconv.graph_runner import GraphRunner
+from shortconv.layers.linear import prepack_linears
 from shortconv.loader import iter_checkpoint
 from shortconv.models.registry import model_class
 from shortconv.parallel import ParallelContext
@@ -54,6 +55,11 @@ class ModelRunner:
         log.info(
             "rank %d: loaded %s weights in %.1fs", tp.rank, model_cfg.arch, time.perf_counter() - t0
         )
+        if engine_cfg.prepack_cpu_weights and device.type == "cpu":
+            added = prepack_linears(model)
+            if added:
+                log.info("rank %d: prepacked linear weights for oneDNN (+%.0f MiB)", tp.rank,
+                         added / 2**20)  # fmt: skip
         kv = cls.kv_spec(model_cfg, tp, engine_cfg, capacity.num_pages)
         specs = cls.state_specs(model_cfg, tp)
         self.pool = StatePool(specs, kv, capacity.num_slots, dtype, device)

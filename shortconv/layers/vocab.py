@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortconv.layers.linear import linear, mark_shard
+from shortconv.layers.linear import Packable, linear, mark_shard
 from shortconv.parallel import ParallelContext
 
 
@@ -28,7 +28,7 @@ class VocabEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
 
-class LMHead(nn.Module):
+class LMHead(Packable):
     """logits = h W^T (+ b), gathered to the full vocab; `weight` may be the embedding's."""
 
     def __init__(self, vocab: int, hidden: int, tp: ParallelContext, bias: bool = False):
@@ -39,4 +39,4 @@ class LMHead(nn.Module):
         self.bias = mark_shard(nn.Parameter(torch.empty(rows)), 0) if bias else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(linear(h, self.weight, self.bias))
+        return self.tp.all_gather_last(linear(h, self.weight, self.bias, self.packed))

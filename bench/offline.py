@@ -3,11 +3,13 @@
     .venv/bin/python bench/offline.py --shape lfm2-350m --vs hf          # random 350M-class LFM2
     .venv/bin/python bench/offline.py --model DIR --vs hf --workloads a,b
     .venv/bin/python bench/offline.py --quick                            # seconds (CI smoke)
+    python bench/offline.py --shape lfm2-350m --device cuda --workloads b  # bf16 on a GPU
 
-One process, one `torch.set_num_threads` for both engines, fp32 on CPU, greedy, EOS ignored
-(both sides produce exactly the requested number of tokens). Each workload runs once per side
-as warm-up, then A/B/A/B (ours, HF, ours, HF, ...) `--runs` times; tokens/s is useful output
-tokens over the wall time of the whole call (medians printed). `ratio` is the median over run
+One process, one `torch.set_num_threads` for both engines, fp32 on CPU (bf16 with `--device
+cuda`: both sides return host lists, so every timed call ends synchronised), greedy, EOS
+ignored (both sides produce exactly the requested number of tokens). Each workload runs once
+per side as warm-up, then A/B/A/B (ours, HF, ours, HF, ...) `--runs` times; tokens/s is useful
+output tokens over the wall time of the whole call (medians printed). `ratio` is the median over run
 pairs of HF time / our time (a pair runs back to back, so load that drifts between pairs on a
 shared machine cancels); `ratio_of_medians` is printed next to it.
 
@@ -29,13 +31,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a sourc
 from shortconv.llm import LLM  # noqa: E402
 from shortconv.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tools.make_tiny import make_tiny_checkpoint  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import Workload, make_workloads, next_turn, warmup_of  # noqa: E402
 
 # make_tiny overrides for the non-tiny shapes (weights are random; shapes are what matter).
 LFM2_350M = {  # LFM2-350M: hidden 1024, 16 layers, attention at 2,5,8,10,12,14, vocab 65536
@@ -73,50 +76,6 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "zaya1-tiny": ("zaya1", {}),
     "zaya1-100m": ("zaya1", ZAYA1_100M),
 }
-
-
-@dataclass(frozen=True)
-class Workload:
-    """`turns` > 1: prompts are sessions' first turns; each later turn appends the reply plus
-    `user_len` new tokens. Outputs are per request (per turn for sessions)."""
-
-    name: str
-    prompts: list[list[int]]
-    outputs: list[int]
-    turns: int = 1
-    user_len: int = 0
-
-    @property
-    def useful_tokens(self) -> int:
-        return sum(self.outputs) * self.turns
-
-
-def make_workloads(vocab: int, quick: bool, seed: int = 0) -> dict[str, Workload]:
-    rng = random.Random(seed)
-    lo = 3 if vocab > 3 else 0  # skip pad/bos/eos: a prompt of random ordinary tokens
-
-    def toks(n: int) -> list[int]:
-        return [rng.randrange(lo, vocab) for _ in range(n)]
-
-    def spread(a: int, b: int, n: int) -> list[int]:
-        vals = [a + (b - a) * i // max(1, n - 1) for i in range(n)]
-        rng.shuffle(vals)
-        return vals
-
-    n_b, (p_lo, p_hi), (o_lo, o_hi) = (8, (8, 64), (4, 24)) if quick else (32, (16, 512), (16, 256))
-    a_len = 16 if quick else 128
-    n_c, turns, sys_len, user, reply = (4, 2, 16, 8, 8) if quick else (64, 4, 64, 32, 32)
-    return {
-        "a": Workload("a", [toks(a_len)], [a_len]),
-        "b": Workload("b", [toks(n) for n in spread(p_lo, p_hi, n_b)], spread(o_lo, o_hi, n_b)),
-        "c": Workload("c", [toks(sys_len + user) for _ in range(n_c)], [reply] * n_c, turns, user),
-    }
-
-
-def next_turn(w: Workload, convs: list[list[int]], replies: list[list[int]]) -> list[list[int]]:
-    """Conversation + the model's reply + a new user message (the first turn's last tokens)."""
-    user = [p[-w.user_len :] for p in w.prompts]
-    return [c + r + u for c, r, u in zip(convs, replies, user, strict=True)]
 
 
 # ---- the two sides ------------------------------------------------------------------------
@@ -150,8 +109,9 @@ def hf_generate(model: Any, prompts: list[list[int]], max_new: int, pad: int) ->
     from transformers import GenerationConfig
 
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    dev = model.device
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
     cfg = GenerationConfig(
         do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new, eos_token_id=None,
         pad_token_id=pad, bos_token_id=None,
@@ -184,13 +144,6 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     """Fraction of requests whose greedy tokens are identical (random weights: near-ties may
     legitimately flip a few; a low value means a bug, not noise)."""
     return sum(x == y for x, y in zip(a, b, strict=True)) / max(1, len(a))
-
-
-def warmup_of(w: Workload) -> Workload:
-    """A short version of `w` with the same kinds of steps (prefill, decode, session resume)."""
-    n = min(4, len(w.prompts))
-    return Workload(w.name, w.prompts[:n], [min(8, o) for o in w.outputs[:n]], min(2, w.turns),
-                    w.user_len)  # fmt: skip
 
 
 def bench_workload(llm: LLM, hf: Any | None, w: Workload, runs: int, pad: int) -> dict[str, Any]:
@@ -252,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ckpt-dir", help="keep/reuse generated checkpoints here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny shape and sizes: seconds")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: fp32 CPU, bf16 GPU")
     args = p.parse_args(argv)
     if args.quick:
         args.shape = args.shape or "lfm2-tiny"
@@ -266,17 +221,20 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace, model_dir: Path, name: str) -> None:
-    llm = LLM(model_dir, dtype="float32", device="cpu", **engine_kwargs(args, model_dir))
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    llm = LLM(model_dir, dtype=dtype, device=args.device, **engine_kwargs(args, model_dir))
     cfg = llm.engine.model_cfg
     hf, pad = None, cfg.raw.get("pad_token_id") or 0
     if args.vs == "hf":
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        hf = hf.to(args.device).eval()
     runner = llm.engine.executor.runner
     n_params = sum(t.numel() for t in runner.model.parameters())
     graphs = runner.graphs is not None
-    print(f"# offline {name}: arch {cfg.arch}, {n_params / 1e6:.1f}M params, fp32 cpu, "
+    print(f"# offline {name}: arch {cfg.arch}, {n_params / 1e6:.1f}M params, {dtype} "
+          f"{args.device}, "
           f"threads {torch.get_num_threads()}, graphs {graphs}, "
           f"runs {args.runs}, load avg {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     workloads = make_workloads(cfg.vocab_size, args.quick, args.seed)

@@ -3,6 +3,7 @@
     .venv/bin/python bench/profile_step.py --shape lfm2-tiny --batch 1       # overhead share
     .venv/bin/python bench/profile_step.py --shape lfm2-350m --batch 32 --compare graphs
     .venv/bin/python bench/profile_step.py --shape lfm2-350m --batch 32 --compare onednn
+    .venv/bin/python bench/profile_step.py --shape lfm2-350m --batch 32 --compare prepack
     .venv/bin/python bench/profile_step.py --shape lfm2-tiny --py-spy out.svg  # flame graph
 
 Each engine prefills `--batch` requests of `--context` tokens once (not timed); a run then
@@ -12,7 +13,8 @@ LM head (timed by hooks, end to end on CPU where every op is synchronous); "over
 rest of the step: scheduling, plan, step tensors / static buffers, sampling, detokenizing.
 `--compare` runs variant A and B interleaved (A/B/A/B after a warm-up) and prints the ratio
 of medians: `graphs` = EngineConfig.enable_graphs True vs False (two engines, same weights
-file), `onednn` = large CPU linears through oneDNN vs F.linear (one engine).
+file), `onednn` = large CPU linears through oneDNN vs F.linear (one engine), `prepack` =
+EngineConfig.prepack_cpu_weights True vs False (two engines).
 """
 
 from __future__ import annotations
@@ -93,14 +95,16 @@ def budget(args: argparse.Namespace) -> tuple[int, int]:
     return steps, args.context + steps + 16
 
 
-def make_llm(model_dir: Path, graphs: bool, args: argparse.Namespace) -> LLM:
+def make_llm(
+    model_dir: Path, graphs: bool, args: argparse.Namespace, prepack: bool = True
+) -> LLM:
     from shortconv.config import ModelConfig
 
     longest = budget(args)[1]
     if longest > ModelConfig.from_dir(model_dir).max_model_len:
         raise SystemExit(f"context + steps need {longest} positions: use fewer --steps/--runs")
     return LLM(model_dir, dtype="float32", enable_graphs=graphs, max_num_seqs=64,
-               max_model_len=max(256, longest))  # fmt: skip
+               max_model_len=max(256, longest), prepack_cpu_weights=prepack)  # fmt: skip
 
 
 def variants(args: argparse.Namespace, model_dir: Path) -> dict[str, tuple[LLM, Any]]:
@@ -108,6 +112,9 @@ def variants(args: argparse.Namespace, model_dir: Path) -> dict[str, tuple[LLM, 
     if args.compare == "graphs":
         on, off = (make_llm(model_dir, g, args) for g in (True, False))
         return {"graphs_on": (on, None), "graphs_off": (off, None)}
+    if args.compare == "prepack":
+        on, off = (make_llm(model_dir, args.graphs == "on", args, p) for p in (True, False))
+        return {"prepacked": (on, None), "plain": (off, None)}
     llm = make_llm(model_dir, args.graphs == "on", args)
     if args.compare == "onednn":
         default = linear_mod.ONEDNN_MIN_WEIGHT
@@ -130,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--graphs", choices=["on", "off"], default="off")
-    p.add_argument("--compare", choices=["none", "graphs", "onednn"], default="none")
+    p.add_argument("--compare", choices=["none", "graphs", "onednn", "prepack"], default="none")
     p.add_argument("--ckpt-dir")
     p.add_argument("--py-spy", metavar="SVG", help="record a flame graph of one run")
     args = p.parse_args(argv)

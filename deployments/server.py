@@ -78,6 +78,7 @@ def build_engine(args: AppArgs) -> EngineLike:
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_state_slots=args.num_state_slots,
             max_model_len=args.max_model_len,
+            prepack_cpu_weights=args.prepack_cpu_weights,
             **graphs,
         ),
     )

@@ -95,9 +95,7 @@ def budget(args: argparse.Namespace) -> tuple[int, int]:
     return steps, args.context + steps + 16
 
 
-def make_llm(
-    model_dir: Path, graphs: bool, args: argparse.Namespace, prepack: bool = True
-) -> LLM:
+def make_llm(model_dir: Path, graphs: bool, args: argparse.Namespace, prepack: bool = True) -> LLM:
     from shortconv.config import ModelConfig
 
     longest = budget(args)[1]

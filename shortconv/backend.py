@@ -90,7 +90,7 @@ class ShortConvBackend(BaseStateBackend):
 
     def begin_step(self, plan: StepPlan) -> StepTensors:
         page_size = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
-        step = build_step_tensors(plan, page_size, self.device)
+        step = build_step_tensors(plan, page_size, self.device, self.scratch)
         self.bind(step)
         return step
 

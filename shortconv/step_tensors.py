@@ -61,6 +61,7 @@ class StepScratch:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._per_step: dict[object, Any] = {}
+        self._constants: dict[object, torch.Tensor] = {}
 
     def new_step(self) -> None:
         self._per_step.clear()
@@ -72,6 +73,14 @@ class StepScratch:
             buf = self._buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
         return buf[:numel]
 
+    def constant(self, key: object, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A read-only tensor kept across steps (e.g. `arange(batch)`): one per key, and keys
+        are bounded by the batch sizes a backend sees."""
+        value = self._constants.get(key)
+        if value is None:
+            value = self._constants[key] = build()
+        return value
+
     def per_step(self, key: object, build: Callable[[], T]) -> T:
         value = self._per_step.get(key)
         if value is None:
@@ -79,12 +88,15 @@ class StepScratch:
         return value
 
 
-def build_step_tensors(plan: StepPlan, page_size: int, device: torch.device) -> StepTensors:
+def build_step_tensors(
+    plan: StepPlan, page_size: int, device: torch.device, scratch: StepScratch | None = None
+) -> StepTensors:
+    """`scratch` (optional) keeps a decode step's batch-size-only tensors across steps."""
     seqs = plan.seqs
     if not seqs:
         raise ValueError("empty step plan")
     if plan.is_decode:
-        return _decode_step_tensors(seqs, page_size, device)
+        return _decode_step_tensors(seqs, page_size, device, scratch)
     return _general_step_tensors(seqs, page_size, device)
 
 
@@ -162,7 +174,10 @@ def _general_step_tensors(
 
 
 def _decode_step_tensors(
-    seqs: tuple[SeqChunk, ...], page_size: int, device: torch.device
+    seqs: tuple[SeqChunk, ...],
+    page_size: int,
+    device: torch.device,
+    scratch: StepScratch | None = None,
 ) -> StepTensors:
     """`build_step_tensors` for a decode plan (one token per sequence, every one resuming).
 
@@ -179,6 +194,7 @@ def _decode_step_tensors(
         [
             [s.token_ids[0] for s in seqs],
             pos,
+            [p + 1 for p in pos],
             [s.slot for s in seqs],
             [
                 s.block_table[s.start_pos // page_size] * page_size + s.start_pos % page_size
@@ -187,25 +203,33 @@ def _decode_step_tensors(
         ],
         dtype=torch.int64,
     )
-    input_ids, positions, slots, slot_mapping = host.unbind(0)
+    input_ids, positions, seq_lens, slots, slot_mapping = host.unbind(0)
     tables = torch.tensor(
         [list(s.block_table[:n_pages]) + [0] * (n_pages - len(s.block_table)) for s in seqs],
         dtype=torch.int64,
     )
-    seq_lens = positions + 1
     live = torch.arange(max_l)[None, :] <= positions[:, None]  # [B, L]: position p sees 0..p
-    flat = tables[:, :, None] * page_size + torch.arange(page_size)  # [B, pages, page]
+    in_page = (
+        torch.arange(page_size)
+        if scratch is None
+        else scratch.constant(("in_page", page_size), lambda: torch.arange(page_size))
+    )
+    flat = tables[:, :, None] * page_size + in_page  # [B, pages, page]
     kv_gather = torch.where(live, flat.view(b, -1)[:, :max_l], 0)
     mask = live[:, None, :]
-    rows = torch.arange(b)
     sampled = [i for i, s in enumerate(seqs) if s.sampling is not None]
-    has_init = torch.ones(b, dtype=torch.bool)
-    qsl = torch.arange(b + 1, dtype=torch.int32)
 
     def dev(t: torch.Tensor) -> torch.Tensor:
         return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
-    rows_dev = dev(rows)
+    def const(name: str, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        # Why: at batch 1 on a small model each tiny op is ~1% of the step; these depend on
+        # the batch size alone, and nothing writes into a step's tensors.
+        return build() if scratch is None else scratch.constant((name, b), build)
+
+    has_init = const("ones", lambda: torch.ones(b, dtype=torch.bool))
+    qsl = const("qsl", lambda: torch.arange(b + 1, dtype=torch.int32))
+    rows_dev = const("rows", lambda: dev(torch.arange(b)))
     return StepTensors(
         num_seqs=b,
         num_tokens=b,
@@ -214,10 +238,10 @@ def _decode_step_tensors(
         is_decode=True,
         input_ids=dev(input_ids),
         positions=dev(positions),
-        query_start_loc=dev(qsl),
+        query_start_loc=const("qsl_dev", lambda: dev(qsl)),
         query_start_loc_cpu=qsl,
         cache_indices=dev(slots),
-        has_initial_state=dev(has_init),
+        has_initial_state=const("ones_dev", lambda: dev(has_init)),
         has_initial_state_cpu=has_init,
         seq_lens=dev(seq_lens),
         seq_lens_cpu=seq_lens,

@@ -83,16 +83,21 @@ def test_fp32_rms_norm_is_bit_equal_to_the_reference_order(dim: int) -> None:
 
 @pytest.mark.parametrize("batch", [1, 5])
 def test_decode_step_tensors_equal_the_general_path(batch: int) -> None:
+    """With and without kept constants, and on a scratch that served other batch sizes first."""
+    scratch = StepScratch()
+    for b in (batch + 2, batch, 1):
+        _decode_step_tensors(plan_of([5] * b, [1] * b).seqs, PAGE, torch.device("cpu"), scratch)
     plan = plan_of([3 + 7 * i for i in range(batch)], [1] * batch, seed=batch)
     assert plan.is_decode
-    fast = _decode_step_tensors(plan.seqs, PAGE, torch.device("cpu"))
     slow = _general_step_tensors(plan.seqs, PAGE, torch.device("cpu"))
-    for f in fields(fast):
-        a, b = getattr(fast, f.name), getattr(slow, f.name)
-        if isinstance(a, torch.Tensor):
-            assert a.dtype == b.dtype and torch.equal(a, b), f.name
-        else:
-            assert a == b, f.name
+    for keep in (None, scratch):
+        fast = _decode_step_tensors(plan.seqs, PAGE, torch.device("cpu"), keep)
+        for f in fields(fast):
+            a, b = getattr(fast, f.name), getattr(slow, f.name)
+            if isinstance(a, torch.Tensor):
+                assert a.dtype == b.dtype and torch.equal(a, b), f.name
+            else:
+                assert a == b, f.name
 
 
 @pytest.mark.parametrize("kind", ["decode", "extend"])

@@ -26,9 +26,9 @@ _HAS_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(
 FUSED_SWIGLU_MIN_ROWS = 64
 
 # Rows from which a layer's prepacked (oneDNN-blocked) weight is used instead of the plain one:
-# on LFM2-350M's shapes (2 cores, AVX-512) the blocked copy was 5-40% faster from 8 rows up,
-# but up to 25% slower at 1 row for the largest weights (LM head, 6912x1024), so single rows
-# keep the plain weight. oneDNN picks the blocking for _PACK_ROWS rows (32 and 512 measured
+# on LFM2-350M-sized weights (2 cores, AVX-512) the blocked copy was 5-40% faster from 8 rows
+# up, but 20-27% slower at 1 row for the largest (a 65536x1024 LM head, 6912x1024), so single
+# rows keep the plain weight. oneDNN picks the blocking for _PACK_ROWS rows (32 and 512 measured
 # alike).
 PACKED_MIN_ROWS = 8
 _PACK_ROWS = 32

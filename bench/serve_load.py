@@ -24,10 +24,7 @@ import asyncio
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -187,57 +184,23 @@ def model_name(url: str) -> str:
 
 @contextmanager
 def launched(yaml_path: str, timeout_s: float, app_args: list[str]):  # noqa: ANN201 - Iterator[str]
-    """`serve run` on a copy of `yaml_path` with a free port (and `KEY=VALUE` overrides of the
-    first application's args); yields the base URL."""
-    import socket
-
+    """`serve run` on `yaml_path` (with `KEY=VALUE` overrides of the first application's args)
+    on a free loopback port; yields the base URL."""
     import yaml
+
+    sys.path.insert(0, str(ROOT))  # run from a source checkout
+    from deployments.serve_run import ServeRunError, serve_run
 
     config = yaml.safe_load(Path(yaml_path).read_text())
     for item in app_args:
         key, _, raw = item.partition("=")
         config["applications"][0]["args"][key] = yaml.safe_load(raw)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
-    tmp = Path(tempfile.mkdtemp(prefix="scsl-"))  # short: Ray's socket paths live under it
-    (tmp / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    env.update(RAY_TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
-    log = (tmp / "serve.log").open("wb")
-    serve_bin = Path(sys.executable).parent / "serve"
-    proc = subprocess.Popen(
-        [str(serve_bin), "run", str(tmp / "serve.yaml")],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (tmp / "serve.log").read_text()[-3000:]
-                raise SystemExit(f"serve run did not come up (rc={proc.returncode}):\n{tail}")
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        print(f"# launched serve run {yaml_path} on {url} (pid {proc.pid}, log {tmp}/serve.log)")
-        yield url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # serve run shuts down the Ray it started
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # stragglers of this process group only
-        except ProcessLookupError:
-            pass
-        log.close()
+        with serve_run(config, timeout_s, env={"PYTHONPATH": str(ROOT)}) as (url, log):
+            print(f"# launched serve run {yaml_path} on {url} (log {log})", flush=True)
+            yield url
+    except ServeRunError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> None:

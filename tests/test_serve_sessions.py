@@ -11,7 +11,6 @@ One Serve instance for the module; the tests run in order and share it:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import pytest
 import ray
 from ray import serve
 from ray_env import free_port, private_ray
+from reliability_helpers import wait_for
 
 from deployments.app import build_app, parse_args
 
@@ -54,16 +54,6 @@ class Service:
     http: httpx.Client
     chats: dict[str, list[dict[str, str]]] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)  # session -> replica of its last turn
-
-
-def wait_for(pred: Any, timeout_s: float, what: str, period_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(period_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

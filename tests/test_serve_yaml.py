@@ -7,13 +7,6 @@ tiny-checkpoint cache, its own Ray temp dir and a free port patched into a copy 
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,43 +14,12 @@ import httpx
 import openai
 import pytest
 import yaml
-from ray_env import free_port
 
 from deployments.app import parse_args
+from deployments.serve_run import serve_run
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 240.0
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to `serve run` (it shuts down the Ray it started), then SIGKILL its group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers of our own session only
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
-
-
-def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"serve run exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
-            )
-        try:
-            if httpx.get(f"{base}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise AssertionError(f"no answer within {START_TIMEOUT_S:.0f}s:\n{log.read_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -66,35 +28,12 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(params=["zaya1", "lfm2", "lfm2_moe"])
-def served(request: pytest.FixtureRequest, cache_dir: Path, tmp_path: Path) -> Iterator[str]:
+def served(request: pytest.FixtureRequest, cache_dir: Path) -> Iterator[str]:
     name = request.param
     config = yaml.safe_load((ROOT / "deployments" / f"{name}.yaml").read_text())
     parse_args(config["applications"][0]["args"])  # the YAML's args are valid AppArgs
-    port = free_port()
-    config["http_options"]["port"] = port
-    cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    ray_tmp = tempfile.mkdtemp(prefix="scsv-run-")  # short: Ray's socket paths live under it
-    env.update(RAY_TMPDIR=ray_tmp, XDG_CACHE_HOME=str(cache_dir))
-    serve_bin = Path(sys.executable).parent / "serve"
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(serve_bin), "run", str(cfg)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base, proc, log)
+    with serve_run(config, START_TIMEOUT_S, env={"XDG_CACHE_HOME": str(cache_dir)}) as (base, _):
         yield base
-    finally:
-        stop(proc)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_serve_run_yaml_answers_openai_client(served: str) -> None:

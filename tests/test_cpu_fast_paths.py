@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import shortconv.kernels.attention_ref as attention_ref
 import shortconv.kernels.cca_ref as cca_ref
 import shortconv.kernels.conv1d_ref as conv1d_ref
 from shortconv.kernels.attention_ref import paged_attention_ref
@@ -100,8 +101,13 @@ def test_decode_step_tensors_equal_the_general_path(batch: int) -> None:
                 assert a == b, f.name
 
 
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 20_000])  # default; 1 and ~2 sequences a chunk
 @pytest.mark.parametrize("kind", ["decode", "extend"])
-def test_cpu_attention_path_matches_the_reference(kind: str) -> None:
+def test_cpu_attention_path_matches_the_reference(
+    kind: str, chunk_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if chunk_bytes is not None:
+        monkeypatch.setattr(attention_ref, "_ATTN_CHUNK_BYTES", chunk_bytes)
     g = torch.Generator().manual_seed(1)
     hq, hk, d = 8, 2, 16
     plan = (
@@ -148,3 +154,13 @@ def test_live_row_decode_kernels_equal_the_masked_path(monkeypatch: pytest.Monke
     monkeypatch.setattr(cca_ref, "all_live_cpu", lambda *_: False)
     for a, b in zip(fast, run(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_scratch_buffer_keeps_its_storage_while_a_context_grows() -> None:
+    """Decode contexts grow a token per step: the gather buffer must not be replaced (and
+    page-faulted afresh) each time."""
+    scratch, like = StepScratch(), torch.empty(0)
+    first = scratch.buffer("k", 10_000, like)
+    for n in range(10_001, 12_000, 64):
+        assert scratch.buffer("k", n, like).data_ptr() == first.data_ptr()
+    assert scratch.buffer("k", 10_000, like.double()).dtype == torch.float64

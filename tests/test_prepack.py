@@ -39,10 +39,11 @@ def test_packed_layer_equals_f_linear_for_every_row_count() -> None:
             torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-4)
 
 
-def test_packed_copy_is_what_runs_from_the_row_threshold() -> None:
+@pytest.mark.parametrize("size", [linear_mod.PACK_MIN_WEIGHT, linear_mod.ONEDNN_MIN_WEIGHT])
+def test_packed_copy_is_what_runs_from_the_row_threshold(size: int) -> None:
     """Poison the blocked copy (a zero weight): rows below the threshold must not see it, rows
-    at and above it must."""
-    layer = _layer(1024, linear_mod.ONEDNN_MIN_WEIGHT // 1024, seed=3)
+    at and above it must; for a mid-size weight (plain oneDNN not used) as for a large one."""
+    layer = _layer(1024, size // 1024, seed=3)
     zero = pack_weight(torch.zeros_like(layer.weight))
     assert zero is not None
     layer.packed = linear_mod.PackedWeight(zero.tensor, layer.weight._version)
@@ -66,7 +67,7 @@ def test_an_in_place_weight_change_retires_the_packed_copy() -> None:
 
 
 def test_packing_applies_only_to_large_fp32_cpu_weights() -> None:
-    big = linear_mod.ONEDNN_MIN_WEIGHT
+    big = linear_mod.PACK_MIN_WEIGHT
     assert pack_weight(torch.randn(big // 64, 64)) is not None
     assert pack_weight(torch.randn(big // 64 - 1, 64)) is None  # too small to pay
     assert pack_weight(torch.randn(big // 64, 64, dtype=torch.bfloat16)) is None
@@ -92,7 +93,7 @@ def test_fused_swiglu_with_packed_weights() -> None:
 def test_greedy_parity_with_every_linear_packed(
     arch: str, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tiny model's weights are below the oneDNN size floor; lowering the floor sends every
+    """A tiny model's weights are below the oneDNN size floors; lowering them sends every
     linear (LM head included) through the packed path, batches of 9 rows included."""
     from shortconv.tools.make_tiny import make_tiny_checkpoint
 
@@ -102,6 +103,7 @@ def test_greedy_parity_with_every_linear_packed(
     prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (1, 4, 9, 17, 30, 2, 8, 12, 5)]
     refs = [oracle_greedy(hf, p, 8) for p in prompts]
     monkeypatch.setattr(linear_mod, "ONEDNN_MIN_WEIGHT", 1 << 10)
+    monkeypatch.setattr(linear_mod, "PACK_MIN_WEIGHT", 1 << 10)
     llm = LLM(model=path, dtype="float32", max_num_batched_tokens=40)
     runner = llm.engine.executor.runner
     packed = [m for m in runner.model.modules() if getattr(m, "packed", None) is not None]

@@ -147,13 +147,18 @@ def _decode_attention(
     qg = q.view(g, num_kv, num_heads // num_kv, head_dim)
     per_seq = 2 * rows.shape[1] * head_dim * k_cache.element_size()
     chunk = max(1, _ATTN_CHUNK_BYTES // per_seq)
-    out = q.new_empty(g, num_kv, num_heads // num_kv, head_dim)
-    for i in range(0, g, chunk):
-        j = min(g, i + chunk)
+
+    def attend(i: int, j: int, out: torch.Tensor | None) -> torch.Tensor:
         keys = _gathered(k_cache, rows[i:j], "k", scratch)
         values = _gathered(v_cache, rows[i:j], "v", scratch)
         scores = torch.matmul(qg[i:j], keys.transpose(-1, -2)).mul_(scale).add_(bias[i:j])
-        torch.matmul(torch.softmax(scores, dim=-1), values, out=out[i:j])
+        return torch.matmul(torch.softmax(scores, dim=-1), values, out=out)
+
+    if chunk >= g:  # small batches and contexts: one chunk, no output buffer to fill
+        return attend(0, g, None).view(g, num_heads, head_dim)
+    out = q.new_empty(g, num_kv, num_heads // num_kv, head_dim)
+    for i in range(0, g, chunk):
+        attend(i, min(g, i + chunk), out[i : i + chunk])
     return out.view(g, num_heads, head_dim)
 
 

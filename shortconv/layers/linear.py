@@ -54,6 +54,8 @@ def _onednn_weight(
 ) -> torch.Tensor | None:
     """The weight to hand oneDNN's inner product for `x` (the blocked copy where it applies),
     or None where F.linear is the better (or only) path."""
+    if packed is None and weight.numel() < ONEDNN_MIN_WEIGHT:
+        return None  # first: the common answer for small models, checked per call
     if not (
         _HAS_ONEDNN
         and x.device.type == "cpu"

@@ -93,10 +93,11 @@ def silu_mul(
 ) -> torch.Tensor:
     """silu(x w_gate^T) * (x w_up^T) for x [T, H]; both products and the gating in two oneDNN
     calls (swish and multiply post-ops) when that path applies and T is large enough."""
-    wg, wu = _onednn_weight(x, w_gate, p_gate), _onednn_weight(x, w_up, p_up)
-    if x.dim() == 2 and x.shape[0] >= FUSED_SWIGLU_MIN_ROWS and wg is not None and wu is not None:
-        gate = torch.ops.mkldnn._linear_pointwise(x, wg, None, "swish", [], "")
-        return torch.ops.mkldnn._linear_pointwise.binary(x, gate, wu, None, "mul")
+    if x.dim() == 2 and x.shape[0] >= FUSED_SWIGLU_MIN_ROWS:
+        wg, wu = _onednn_weight(x, w_gate, p_gate), _onednn_weight(x, w_up, p_up)
+        if wg is not None and wu is not None:
+            gate = torch.ops.mkldnn._linear_pointwise(x, wg, None, "swish", [], "")
+            return torch.ops.mkldnn._linear_pointwise.binary(x, gate, wu, None, "mul")
     return F.silu(linear(x, w_gate, None, p_gate)) * linear(x, w_up, None, p_up)
 
 

@@ -30,7 +30,8 @@ class ServeRunError(RuntimeError):
     """`serve run` exited or did not answer in time; the message ends with its log's tail."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port free right now (the caller binds it moments later)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -42,7 +43,7 @@ def serve_run(
 ) -> Iterator[tuple[str, Path]]:
     """Yields (base URL, log path); `env` adds to the inherited environment (RAY_ADDRESS is
     dropped so the child starts its own Ray). The temp dir (config, log, Ray's) is removed."""
-    port = _free_port()
+    port = free_port()
     config = {**config, "http_options": {**config.get("http_options", {}),
                                          "host": "127.0.0.1", "port": port}}  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="scsr-"))  # short: Ray's socket paths live under it

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from deployments.serve_run import free_port  # noqa: F401  (re-exported for the tests)
 
 
 @contextmanager

@@ -1,7 +1,9 @@
 """CUDA-graph decode: replays equal eager decode, padding never touches live state, and a failed
 replay is restored and recomputed. Random weights at small real-ish widths (no checkpoint).
 
-Fixture-free on purpose: bench/gpu_check.sh can run these functions without pytest.
+Fixture-free on purpose: bench/gpu_check.sh can run these functions without pytest. The checks
+take the device and configs as arguments, so tests/test_gpu_graphs_cpu.py runs the same code on
+CPU at tiny widths (there a "replay" is the captured forward run eagerly on the static buffers).
 """
 
 from __future__ import annotations
@@ -57,18 +59,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
 PROMPT_LENS = (3, 14, 9, 30, 5, 17, 40, 12)
 
 
-def _archs() -> list[str]:
-    return [a for a in CONFIGS if a != "zaya1" or zaya_skip_reason() is None]
+Configs = dict[str, dict[str, Any]]
 
 
-def _prefilled(arch: str) -> tuple[RandomStack, Seqs, dict[str, torch.Tensor]]:
+def _archs(configs: Configs) -> list[str]:
+    return [a for a in configs if a != "zaya1" or zaya_skip_reason() is None]
+
+
+def _prefilled(
+    raw: dict[str, Any], device: str
+) -> tuple[RandomStack, Seqs, dict[str, torch.Tensor]]:
     eng = engine_config()
     stack = build_random_stack(
-        CONFIGS[arch], "cuda", torch.float32, eng, num_slots=NUM_SEQS + 2,
+        raw, device, torch.float32, eng, num_slots=NUM_SEQS + 2,
         num_pages=1 + NUM_SEQS * PAGES_PER_SEQ, seed=1,
     )  # fmt: skip
     rng = random.Random(0)
-    seqs = Seqs([[rng.randrange(1, 4096) for _ in range(n)] for n in PROMPT_LENS])
+    seqs = Seqs([[rng.randrange(1, raw["vocab_size"]) for _ in range(n)] for n in PROMPT_LENS])
     with torch.inference_mode():
         step = stack.backend.begin_step(seqs.prefill())
         hidden = stack.model(step.input_ids, step.positions, stack.backend)
@@ -81,10 +88,11 @@ def _graphs(stack: RandomStack, batch_sizes: tuple[int, ...]) -> GraphRunner:
     eng = engine_config(graph_batch_sizes=batch_sizes, max_num_seqs=max(batch_sizes))
     g = GraphRunner(stack.model, stack.backend, eng, stack.cfg.max_model_len)
     g.capture()
-    assert g.use_cuda_graphs
+    assert g.use_cuda_graphs == (stack.device.type == "cuda")
     return g
 
 
+@torch.inference_mode()  # like the engine: hidden states from eager_hidden are inference tensors
 def _assert_same_greedy(stack: RandomStack, a: torch.Tensor, b: torch.Tensor) -> None:
     la, lb = stack.model.compute_logits(a), stack.model.compute_logits(b)
     top2 = torch.topk(lb, 2, dim=-1).values
@@ -92,9 +100,11 @@ def _assert_same_greedy(stack: RandomStack, a: torch.Tensor, b: torch.Tensor) ->
     assert bool((top2[differ, 0] - top2[differ, 1] < 1e-3).all()), "greedy token changed"
 
 
-def test_cuda_graph_decode_matches_eager_every_bucket_and_padding():
-    for arch in _archs():
-        stack, seqs, snap0 = _prefilled(arch)
+def check_decode_matches_eager(device: str, configs: Configs = CONFIGS) -> None:
+    """Every bucket and fill level: replay = padded eager (tight), = unpadded eager (loose, same
+    greedy), and padding rows write only the scratch slot."""
+    for arch in _archs(configs):
+        stack, seqs, snap0 = _prefilled(configs[arch], device)
         for bucket in (1, 2, 4, 8):
             g = _graphs(stack, (bucket,))
             garbage_fill(g, seed=bucket)  # the first replay must not read capture leftovers
@@ -124,9 +134,10 @@ def test_cuda_graph_decode_matches_eager_every_bucket_and_padding():
             assert g.stats().replays == bucket
 
 
-def test_cuda_graph_failure_restores_state_and_recomputes():
-    for arch in _archs():
-        stack, seqs, snap0 = _prefilled(arch)
+def check_failure_restores(device: str, configs: Configs = CONFIGS) -> None:
+    """A replay that fails after running restores the step's state and recomputes eagerly."""
+    for arch in _archs(configs):
+        stack, seqs, snap0 = _prefilled(configs[arch], device)
         plan = seqs.decode([6, 1, 4])
         load_pool(stack, snap0)
         ref = eager_hidden(stack, plan, 3)
@@ -149,3 +160,11 @@ def test_cuda_graph_failure_restores_state_and_recomputes():
         assert g.stats().replay_failures["replay"] == 1
         load_pool(stack, snap0)
         assert g.run(plan).used_graph
+
+
+def test_cuda_graph_decode_matches_eager_every_bucket_and_padding():
+    check_decode_matches_eager("cuda")
+
+
+def test_cuda_graph_failure_restores_state_and_recomputes():
+    check_failure_restores("cuda")

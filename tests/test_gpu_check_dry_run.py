@@ -1,0 +1,50 @@
+"""`bash bench/gpu_check.sh --dry-run` on CPU: every stage imports what its GPU run imports and
+parses its arguments, with ray, pydantic, fastapi and prometheus_client hidden (the GPU machine
+has none of them), and each stage reports.
+
+NOTE: the kernels/decode/offline stages import shortconv.kernels.attention_triton and
+moe_triton, so this passes once those modules exist. Before that, verify by hand with
+`SHORTCONV_DRYRUN_SKIP=shortconv.kernels.attention_triton,shortconv.kernels.moe_triton`
+in the environment (this test passes the environment through and never sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("env", "warmup", "tests", "kernels", "decode", "offline")
+
+
+def test_dry_run_every_stage_reports(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    if shutil.which("bash") is None or shutil.which("timeout") is None:
+        pytest.skip("needs bash and coreutils timeout")
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    summary = (tmp_path / "summary.md").read_text()
+    for stage in STAGES:
+        assert f"- **{stage}**: ok in" in summary, (stage, summary)
+    for stage in ("env", "tests", "kernels", "decode", "offline"):
+        assert f"DRYRUN {stage} ok" in summary, (stage, summary)
+    assert summary.count("DRYRUN") >= 7, summary  # the warm-up's kernels and decode too
+    env_log = (tmp_path / "env.log").read_text()
+    assert "ray absent" in env_log and "pydantic absent" in env_log, env_log
+    assert "plain runner" in (tmp_path / "tests.log").read_text()  # the no-pytest path too
+    assert "## Targets" in summary and "dry run" in out

@@ -49,6 +49,15 @@ class MoeShape:
         return f"E{self.experts}/H{self.hidden}/I{self.inter}/k{self.k} T={self.tokens}"
 
 
+def _randn(
+    shape: tuple[int, ...], device: str, dtype: torch.dtype, seed: int, std: float = 1.0
+) -> torch.Tensor:
+    """N(0, std) drawn on `device` itself: the largest cases hold GBs, too slow to draw on the
+    host and copy over."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=g, device=device, dtype=dtype).mul_(std)
+
+
 def attention_case(
     s: AttnShape, device: str, dtype: torch.dtype, seed: int = 0, ragged: bool = False
 ) -> tuple[tuple, int]:
@@ -63,9 +72,9 @@ def attention_case(
     if ragged:
         seq_lens = torch.randint(1, s.context + 1, (s.batch,), generator=g, dtype=torch.int32)
     seq_lens = seq_lens.to(device)
-    k_cache = torch.randn(num_pages * PAGE, s.hk, s.d, generator=g).to(device, dtype)
-    v_cache = torch.randn(num_pages * PAGE, s.hk, s.d, generator=g).to(device, dtype)
-    q = torch.randn(s.batch, s.hq, s.d, generator=g).to(device, dtype)
+    k_cache = _randn((num_pages * PAGE, s.hk, s.d), device, dtype, seed)
+    v_cache = _randn((num_pages * PAGE, s.hk, s.d), device, dtype, seed + 1)
+    q = _randn((s.batch, s.hq, s.d), device, dtype, seed + 2)
     esz = k_cache.element_size()
     nbytes = (
         2 * int(seq_lens.sum()) * s.hk * s.d * esz  # K and V of every cached token
@@ -106,9 +115,9 @@ def moe_case(
     """(weights (x, gate_up, down), [(ids, routing weights)] * sets, mean bytes per call)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     h, i, e = s.hidden, s.inter, s.experts
-    x = torch.randn(s.tokens, h, generator=g).to(device, dtype)
-    gate_up = (torch.randn(e, 2 * i, h, generator=g) / math.sqrt(h)).to(device, dtype)
-    down = (torch.randn(e, h, i, generator=g) / math.sqrt(i)).to(device, dtype)
+    x = _randn((s.tokens, h), device, dtype, seed)
+    gate_up = _randn((e, 2 * i, h), device, dtype, seed + 1, 1 / math.sqrt(h))
+    down = _randn((e, h, i), device, dtype, seed + 2, 1 / math.sqrt(i))
     esz = x.element_size()
     per_expert = 3 * h * i * esz
     routes, total = [], 0

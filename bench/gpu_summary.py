@@ -19,7 +19,8 @@ from pathlib import Path
 TARGET = re.compile(r"^SUMMARY target (\S+) value=(\S+) target(>=\S+) (pass|FAIL)(?: \((.*)\))?")
 KERNEL = re.compile(r"^SUMMARY kernels (\S+) (\S+) GBps=(\S+) ratio_vs_copy=(\S+)")
 SECTION = re.compile(r"^SUMMARY kernels section=(\S+) status=(\S+)")
-TESTS = re.compile(r"(\d+ (?:passed|failed)\b.*?)(?:=+)?$")
+# pytest's last line ("== 3 passed, 2 skipped in 9.1s ==") or the plain runner's.
+TESTS = re.compile(r"(\d+ (?:passed|failed|skipped|errors?|deselected)\b.*? in [\d.]+s.*?)[ =]*$")
 
 
 @dataclass(frozen=True)

@@ -46,4 +46,11 @@ def test_plain_runner_line_with_zero_failures_passes(tmp_path: Path) -> None:
     )
     rows = _rows(gpu_summary.table(tmp_path, {"tests": "ok", "offline": "ok"}))
     assert rows["gpu tests (pytest -m gpu, or the plain runner)"][2] == "pass"
+    (tmp_path / "tests.log").write_text(
+        "x SKIPPED [ 9%]\n=== 39 skipped, 29 deselected in 0.34s ===\n"
+    )
+    tests = _rows(gpu_summary.table(tmp_path, {"tests": "ok"}))[
+        "gpu tests (pytest -m gpu, or the plain runner)"
+    ]
+    assert tests == ["39 skipped, 29 deselected in 0.34s", "all pass", "pass"]
     assert rows["workload b bf16, ours vs transformers"] == ["no zaya here", ">= 5x", "skipped"]

@@ -11,7 +11,8 @@
 #   offline  88 s  workload b in bf16, ours vs transformers (LFM2-350M shape)
 # Each stage writes $OUT/<stage>.log and appends its row and SUMMARY lines to $OUT/summary.md
 # as soon as it ends, so a run cut short still reports what finished; the targets table
-# (bench/gpu_summary.py) is printed last and appended to summary.md.
+# (bench/gpu_summary.py) is printed last and appended to summary.md. NOTE: 7 files in all under
+# $OUT (the device machine returns at most 8).
 #
 #   bash bench/gpu_check.sh            # on the GPU machine; results under $OUT (or a temp dir)
 #   bash bench/gpu_check.sh --dry-run  # on CPU: every stage's imports and argument parsing only,
@@ -23,7 +24,8 @@ cd "$(dirname "$0")/.."
 DRY=0
 [ "${1:-}" = --dry-run ] && DRY=1
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-PY="${PYTHON:-python}"
+# NOTE: the GPU machine's interpreter with torch is `python3`; `python` may not exist there.
+PY="${PYTHON:-$(command -v python3 || command -v python)}"
 LOGS="${OUT:-$(mktemp -d)}"
 mkdir -p "$LOGS"
 SUMMARY="$LOGS/summary.md"

@@ -48,3 +48,23 @@ def test_dry_run_every_stage_reports(tmp_path: Path) -> None:
     assert "ray absent" in env_log and "pydantic absent" in env_log, env_log
     assert "plain runner" in (tmp_path / "tests.log").read_text()  # the no-pytest path too
     assert "## Targets" in summary and "dry run" in out
+
+
+def test_engine_generates_with_the_serve_packages_hidden() -> None:
+    """Beyond imports: a tp_size=1 engine run (load, prefill, decode, sessions) on CPU with the
+    same packages hidden, so a lazy import at run time cannot surprise the GPU machine either."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'bench' / 'import_block'}{os.pathsep}{ROOT}",
+        "SHORTCONV_HIDE_IMPORTS": "ray,pydantic,fastapi,prometheus_client",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "offline.py"), "--quick", "--vs", "none"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("SUMMARY offline") == 3, proc.stdout

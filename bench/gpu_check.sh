@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # GPU check for one H200 in under 8 minutes WITH a cold Triton cache: the stage timeouts add up
 # to 458 s, plus at most 2 s each to kill a stage that ignores SIGTERM: 470 s. Stages (timeout):
-#   env      12 s  versions, CUDA device, pytest/xdist, transformers architectures
-#   warmup   90 s  compile the Triton kernels at every benchmarked shape (kernels.py --warmup
+#   env      20 s  versions, CUDA device, pytest/xdist, transformers architectures
+#   warmup   85 s  compile the Triton kernels at every benchmarked shape (kernels.py --warmup
 #                  and decode_step.py --warmup, concurrently: compiling is CPU work)
 #   tests   150 s  the `gpu` tests (pytest, parallel with pytest-xdist when present; without
 #                  pytest, bench/gpu_runner.py runs the fixture-free tests)
 #   kernels  48 s  conv / paged attention / fused MoE bandwidth vs the device copy
 #   decode   70 s  decode step, graph replay vs eager (LFM2-350M and ZAYA1 shapes)
-#   offline  88 s  workload b in bf16, ours vs transformers (LFM2-350M shape)
+#   offline  85 s  workload b in bf16, ours vs transformers (LFM2-350M shape)
 # Each stage writes $OUT/<stage>.log and appends its row and SUMMARY lines to $OUT/summary.md
 # as soon as it ends, so a run cut short still reports what finished; the targets table
 # (bench/gpu_summary.py) is printed last and appended to summary.md. NOTE: 7 files in all under
@@ -113,12 +113,12 @@ export -f env_probe warmup gpu_tests
 echo "# GPU check $(date -u +%FT%TZ)$([ "$DRY" = 1 ] && echo ' (dry run)'), logs in $LOGS" \
   | tee "$SUMMARY"
 printf '\n## Stages\n\n' >>"$SUMMARY"
-stage env 12 env_probe
-stage warmup 90 warmup
+stage env 20 env_probe
+stage warmup 85 warmup
 stage tests 150 gpu_tests
 stage kernels 48 "$PY" bench/kernels.py $DRYFLAG
 stage decode 70 "$PY" bench/decode_step.py $DRYFLAG
-stage offline 88 "$PY" bench/offline.py --shape lfm2-350m --device cuda --workloads b --runs 3 \
+stage offline 85 "$PY" bench/offline.py --shape lfm2-350m --device cuda --workloads b --runs 3 \
   $DRYFLAG
 
 echo

@@ -11,6 +11,7 @@ in the environment (this test passes the environment through and never sets it).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,3 +69,12 @@ def test_engine_generates_with_the_serve_packages_hidden() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("SUMMARY offline") == 3, proc.stdout
+
+
+def test_stage_timeouts_fit_the_budget() -> None:
+    """Stage limits plus each stage's kill grace stay within 470 s (the run must end in 480)."""
+    script = (ROOT / "bench" / "gpu_check.sh").read_text()
+    limits = [int(n) for n in re.findall(r"^stage \w+ (\d+) ", script, re.M)]
+    grace = re.search(r"timeout -k (\d+) ", script)
+    assert len(limits) == len(STAGES) and grace, script
+    assert sum(limits) + int(grace.group(1)) * len(limits) <= 470, limits

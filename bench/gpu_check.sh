@@ -93,6 +93,7 @@ warmup() {
 }
 
 gpu_tests() {
+  set -o pipefail  # NOTE: a stage runs in a fresh `bash -c`, which does not inherit it
   local targets=(tests/gpu tests/test_conv1d_triton.py)
   if [ "$DRY" = 1 ]; then
     "$PY" -m pytest -q --collect-only -m gpu -p no:cacheprovider -o addopts= "${targets[@]}" \

@@ -14,6 +14,7 @@ from shortconv.config import ConfigError, EngineConfig, ModelConfig
 from shortconv.graph_runner import GraphRunner
 from shortconv.layers.linear import prepack_linears
 from shortconv.loader import iter_checkpoint
+from shortconv.model_build import build_model
 from shortconv.models.registry import model_class
 from shortconv.parallel import ParallelContext
 from shortconv.plan import StepPlan, StepResult
@@ -47,11 +48,9 @@ class ModelRunner:
         self.cfg, self.tp, self.device, self.dtype = model_cfg, tp, device, dtype
         cls = model_class(model_cfg.arch)
         t0 = time.perf_counter()
-        with torch.device(device):
-            model = cls(model_cfg, tp)
-        model.to(dtype=dtype)
+        model = build_model(cls, model_cfg, tp, device, dtype)
         model.load_weights(iter_checkpoint(model_dir))
-        self.model = model.eval()
+        self.model = model
         log.info(
             "rank %d: loaded %s weights in %.1fs", tp.rank, model_cfg.arch, time.perf_counter() - t0
         )

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from shortconv.config import EngineConfig
+from shortconv.model_build import default_dtype
 from shortconv.tools import random_stack as rs
 
 TINY: dict[str, Any] = {
@@ -51,7 +52,7 @@ def test_weights_are_allocated_in_the_target_dtype(monkeypatch: pytest.MonkeyPat
 
 
 def test_default_dtype_is_restored_on_error() -> None:
-    with pytest.raises(RuntimeError), rs.default_dtype(torch.bfloat16):
+    with pytest.raises(RuntimeError), default_dtype(torch.bfloat16):
         assert torch.empty(1).dtype == torch.bfloat16
         raise RuntimeError("boom")
     assert torch.get_default_dtype() == torch.float32

@@ -9,8 +9,6 @@ keep unit scale (N(0, 1/fan_in) matrices, norms and scales near 1, small biases)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ from torch import nn
 
 from shortconv.backend import ShortConvBackend
 from shortconv.config import EngineConfig, ModelConfig
+from shortconv.model_build import build_model
 from shortconv.models.registry import model_class
 from shortconv.parallel import SINGLE
 from shortconv.state_pool import StatePool
@@ -86,34 +85,6 @@ class RandomStack:
         return self.backend.device
 
 
-@contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Floating tensors created without an explicit dtype get `dtype` inside the block.
-
-    Building a model under this (and `torch.device`) allocates its weights once, in the target
-    dtype on the target device: no fp32 copy first (34 GB transient at ZAYA1-8B's shape)."""
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
-
-
-def build_model(
-    cls: type[nn.Module], cfg: ModelConfig, device: torch.device, dtype: torch.dtype
-) -> nn.Module:
-    """`cls(cfg, SINGLE)` allocated directly in `dtype` on `device`, inference-only.
-
-    NOTE: the final `.to(dtype)` matches the engine's ModelRunner (which casts everything,
-    explicit-fp32 parameters such as router biases and the rotary tables included); here it
-    only converts those few small tensors. requires_grad is off so a forward outside
-    inference_mode (e.g. logits of an inference tensor) never tries to record autograd."""
-    with torch.device(device), default_dtype(dtype):
-        model = cls(cfg, SINGLE)
-    return model.to(dtype=dtype).requires_grad_(False).eval()
-
-
 @torch.no_grad()
 def randomize_(model: nn.Module, seed: int = 0) -> None:
     """Seeded, scale-preserving random values for every parameter (tied ones once), drawn on
@@ -145,7 +116,7 @@ def build_random_stack(
     device = torch.device(device)
     cfg = ModelConfig.from_hf_dict(raw)
     cls = model_class(cfg.arch)
-    model = build_model(cls, cfg, device, dtype)
+    model = build_model(cls, cfg, SINGLE, device, dtype)
     randomize_(model, seed)
     kv = cls.kv_spec(cfg, SINGLE, engine_cfg, num_pages)
     pool = StatePool(cls.state_specs(cfg, SINGLE), kv, num_slots, dtype, device)

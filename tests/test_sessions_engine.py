@@ -88,7 +88,7 @@ def test_stats_track_occupancy_and_return_to_idle(ckpt):
     eng = LLMEngine(ckpt, dtype="float32")
     idle = eng.stats()
     assert idle.slots_used == 0 and idle.kv_pages_used == 0 and idle.pools[0] == "conv"
-    rid = eng.add_request([5, 6, 7], G, session_id="x")
+    eng.add_request([5, 6, 7], G, session_id="x")
     eng.step()
     busy = eng.stats()
     assert busy.slots_used >= 1 and busy.kv_pages_used >= 1 and busy.num_running == 1
@@ -101,8 +101,9 @@ def test_stats_track_occupancy_and_return_to_idle(ckpt):
     eng.step()
     eng.abort_request("gone")
     eng.scheduler.sessions.drop("x")
-    assert eng.stats().slots_used == 0 and eng.stats().kv_pages_used == 0
-    assert rid
+    idle = eng.stats()
+    assert idle.slots_used == 0 and idle.kv_pages_used == 0 and idle.sessions_held == 0
+    assert idle.finished_by_reason == {"length": 1, "abort": 1}
 
 
 def test_waiting_request_counts_one_session_miss(ckpt):

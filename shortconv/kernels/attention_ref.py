@@ -201,3 +201,76 @@ def _paged_attention_cpu(
     )
     out[multi.tokens] = res.transpose(1, 2).reshape(g * max_q, num_heads, head_dim)[multi.unpad]
     return out
+
+
+def _attend_one(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    page_size: int,
+) -> torch.Tensor:
+    """q [n, Hq, d], the sequence's last n positions, over its first seq_len positions."""
+    n, num_heads, _ = q.shape
+    pos = torch.arange(seq_len, device=q.device)
+    rows = table.to(torch.int64)[pos // page_size] * page_size + pos % page_size
+    group = num_heads // k_cache.shape[1]
+    keys = k_cache[rows].float().repeat_interleave(group, dim=1)  # [L, Hq, d]
+    values = v_cache[rows].float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
+    q_pos = torch.arange(seq_len - n, seq_len, device=q.device)
+    scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), values)
+
+
+def paged_attention_decode_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    page_size: int,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Oracle of `paged_attention_decode_triton`: q [B, Hq, d] at positions seq_lens-1,
+    k/v_cache [N, Hk, d], block_tables [B, P], seq_lens [B] -> out [B, Hq, d]."""
+    result = torch.empty_like(q) if out is None else out
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        one = _attend_one(
+            q[b : b + 1], k_cache, v_cache, block_tables[b], seq_len, scale, page_size
+        )
+        result[b] = one[0].to(result.dtype)
+    return result
+
+
+def paged_attention_extend_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    page_size: int,
+    *,
+    max_query_len: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Oracle of `paged_attention_extend_triton`: q [T, Hq, d] packed by query_start_loc
+    [B+1]; sequence b's n_b queries sit at positions seq_lens[b]-n_b .. seq_lens[b]-1 and
+    attend causally over its paged context -> out [T, Hq, d]. `max_query_len` is unused here."""
+    del max_query_len
+    result = torch.empty_like(q) if out is None else out
+    qsl = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        lo, hi = qsl[b], qsl[b + 1]
+        if hi > lo:
+            one = _attend_one(
+                q[lo:hi], k_cache, v_cache, block_tables[b], seq_len, scale, page_size
+            )
+            result[lo:hi] = one.to(result.dtype)
+    return result

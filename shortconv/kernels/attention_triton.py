@@ -1,0 +1,229 @@
+"""Triton paged attention over the flat KV pool, read in place: decode (flash-decoding) and
+extend (varlen causal chunks, resumed prefixes, mixed decode rows).
+
+Same contracts as `attention_ref.paged_attention_decode_ref` / `paged_attention_extend_ref`.
+No host syncs and no data-dependent shapes: the grids and the number of decode splits come from
+static shapes (B, Hk, block-table width, `max_query_len`), so both run inside captured graphs.
+Kernel bodies live in `attention_triton_kernels` and are jitted lazily once per interpreter mode,
+like `conv1d_triton`, so tests can flip TRITON_INTERPRET per test.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from shortconv.kernels import attention_triton_kernels as _k
+
+_LOG2E = math.log2(math.e)
+# A decode split covers at least this many positions: below it the partials' write and the
+# reduce launch cost more than the extra parallelism buys.
+_MIN_SPLIT_LEN = 256
+_DECODE_BLOCK_N = 64
+_EXTEND_BLOCK_N = 64
+_EXTEND_ROWS = 64  # query rows (tokens x group heads) per extend program
+
+
+@functools.cache
+def _jitted(interpret: bool) -> tuple[object, object, object]:
+    # `interpret` is only the cache key; triton.jit reads the same knob itself.
+    del interpret
+    return tuple(triton.jit(f) for f in (_k.decode_kernel, _k.reduce_kernel, _k.extend_kernel))
+
+
+def _interpreting() -> bool:
+    return bool(triton.knobs.runtime.interpret)
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int]:
+    """(group, head_dim) after host-side shape checks (no device reads)."""
+    num_heads, head_dim = q.shape[1:]
+    if k_cache.dim() != 3 or k_cache.shape != v_cache.shape or k_cache.shape[2] != head_dim:
+        raise ValueError(
+            f"expected k/v caches [N, Hk, {head_dim}], got {tuple(k_cache.shape)} and "
+            f"{tuple(v_cache.shape)}"
+        )
+    num_kv = k_cache.shape[1]
+    if num_heads % num_kv:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv} KV heads")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in head_dim")
+    return num_heads // num_kv, head_dim
+
+
+def _dot_args(q: torch.Tensor) -> dict[str, object]:
+    # fp32 inputs: exact fp32 dots (tf32 would miss the fp32 oracle by ~1e-3).
+    return dict(UPCAST=_interpreting(), PREC="ieee" if q.dtype == torch.float32 else "tf32")
+
+
+def _out(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(q)
+    if out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(q.shape)} and contiguous in head_dim")
+    return out
+
+
+def _target_programs(device: torch.device) -> int:
+    """About how many programs keep the device busy (a host property, no sync)."""
+    if device.type == "cuda":
+        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def decode_splits(batch: int, num_kv: int, max_context: int, device: torch.device) -> int:
+    """Splits per (sequence, KV head): enough programs to fill the device, each split at
+    least `_MIN_SPLIT_LEN` positions. From static shapes only (graph-capturable)."""
+    want = triton.cdiv(_target_programs(device), max(1, batch * num_kv))
+    return max(1, min(want, triton.cdiv(max_context, _MIN_SPLIT_LEN)))
+
+
+def paged_attention_decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    page_size: int,
+    *,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One query per sequence at position seq_lens-1, over its paged context.
+
+    q [B, Hq, d]; k_cache/v_cache [N, Hk, d] flat page rows (page p = rows p*page_size..);
+    block_tables int32/int64 [B, P]; seq_lens int [B] (>= 1, <= P*page_size, including the
+    new token, whose K/V are already in the pool) -> out [B, Hq, d] in q's dtype (written into
+    `out` when given). Hq % Hk == 0; fp32 accumulation. `num_splits` (default: from B, Hk and
+    P*page_size) splits each context across programs, combined by a reduce kernel.
+    """
+    group, head_dim = _check(q, k_cache, v_cache)
+    out = _out(q, out)
+    batch, num_heads = q.shape[:2]
+    if batch == 0:
+        return out
+    num_kv, max_ctx = k_cache.shape[1], block_tables.shape[1] * page_size
+    if num_splits is None:
+        num_splits = decode_splits(batch, num_kv, max_ctx, q.device)
+    split_len = triton.cdiv(triton.cdiv(max_ctx, num_splits), _DECODE_BLOCK_N) * _DECODE_BLOCK_N
+    num_splits = triton.cdiv(max_ctx, split_len)  # drop splits that rounding left empty
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    decode, reduce, _ = _jitted(_interpreting())
+    direct = num_splits == 1
+    parts = (batch, num_heads, 1 if direct else num_splits)
+    m = torch.empty(parts, dtype=torch.float32, device=q.device)
+    den = torch.empty_like(m)
+    acc = torch.empty((*parts, block_d), dtype=torch.float32, device=q.device)
+    decode[(batch, num_kv, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        m,
+        den,
+        acc,
+        scale * _LOG2E,
+        group,
+        head_dim,
+        split_len,
+        num_splits,
+        num_heads,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        PAGE=page_size,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=_DECODE_BLOCK_N,
+        DIRECT=direct,
+        **_dot_args(q),
+    )
+    if not direct:
+        reduce[(batch, num_heads)](
+            m,
+            den,
+            acc,
+            out,
+            num_splits,
+            num_heads,
+            head_dim,
+            out.stride(0),
+            out.stride(1),
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d,
+        )
+    return out
+
+
+def paged_attention_extend_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    page_size: int,
+    *,
+    max_query_len: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed new tokens over their sequences' paged contexts.
+
+    q [T, Hq, d] (sequence b's tokens are rows query_start_loc[b]..query_start_loc[b+1]-1, at
+    positions seq_lens[b]-n_b .. seq_lens[b]-1, so a resumed prefix is attended from its
+    pages); k_cache/v_cache [N, Hk, d] hold every context position including the new ones;
+    block_tables int [B, P]; seq_lens int [B]; query_start_loc int32 [B+1]; max_query_len a
+    host int >= every n_b (sizes the grid) -> out [T, Hq, d] in q's dtype. Rows past
+    query_start_loc[-1] are not written. Hq % Hk == 0; fp32 accumulation.
+    """
+    group, head_dim = _check(q, k_cache, v_cache)
+    out = _out(q, out)
+    batch = seq_lens.shape[0]
+    if batch == 0 or q.shape[0] == 0 or max_query_len == 0:
+        return out
+    num_kv = k_cache.shape[1]
+    block_g = triton.next_power_of_2(group)
+    block_m = max(1, _EXTEND_ROWS // block_g)
+    extend = _jitted(_interpreting())[2]
+    extend[(batch, num_kv, triton.cdiv(max_query_len, block_m))](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        scale * _LOG2E,
+        group,
+        head_dim,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        PAGE=page_size,
+        BLOCK_G=block_g,
+        BLOCK_M=block_m,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_N=_EXTEND_BLOCK_N,
+        **_dot_args(q),
+    )
+    return out

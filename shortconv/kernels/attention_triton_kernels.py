@@ -1,0 +1,230 @@
+"""Triton kernel bodies for paged attention (decode splits, their reduce, and extend).
+
+The KV pool is flat `[N, Hk, d]` rows; position p of sequence b lives in row
+`block_tables[b, p // PAGE] * PAGE + p % PAGE`, read in place (no gathered copy). A program owns
+one KV head and every query head of its group (Hq / Hk), so each K/V block is loaded once per
+group and multiplied against all of the group's queries with one `tl.dot`.
+
+Softmax is the streaming (online) one in base 2: scores are pre-multiplied by
+`scale * log2(e)`, so `exp2` replaces `exp`; running max `m` and denominator `l` are fp32.
+
+Interpreter constraints (TRITON_INTERPRET=1 on CPU, flipped per test; see `conv1d_triton`):
+* These bodies are jitted lazily by `attention_triton`, and they call no `@triton.jit` helper
+  of triton.language (tl.max / tl.sum are such helpers, fixed to one mode at triton's import).
+  Reductions go through the core `tl.reduce` with triton's own combine functions, which the
+  interpreter recognises and runs with numpy.
+* Loops with runtime bounds are `while` loops: the interpreter's `range` cannot take a loaded
+  scalar (it holds a 1-element array), while a `while` condition can. Compiled, a `while` loop
+  is an scf.while, and the bounds stay data-dependent, so short sequences do short loops.
+* The interpreter's `tl.dot` mishandles bf16 (it stores bf16 as uint16), so `UPCAST` (set in
+  interpreter mode) feeds the dots fp32 operands; compiled kernels dot in the input dtype.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+
+# NOTE: triton.language.standard's combine functions; `tl.reduce` with these is what
+# tl.max / tl.sum expand to, and the interpreter special-cases exactly these objects.
+_MAX = tl.standard._elementwise_max
+_SUM = tl.standard._sum_combine
+
+
+def decode_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    out_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    qk_scale,
+    group,
+    head_dim,
+    split_len,
+    num_splits,
+    num_heads,
+    q_sb,
+    q_sh,
+    k_sn,
+    k_sh,
+    v_sn,
+    v_sh,
+    bt_sb,
+    o_sb,
+    o_sh,
+    PAGE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # One program: sequence b, KV head kvh, context split [split*split_len, +split_len).
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    gmask = g < group
+    dmask = d < head_dim
+    heads = kvh * group + g
+    qm = gmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + d[None, :], mask=qm, other=0.0)
+    q = q.to(tl.float32) if UPCAST else q.to(k_ptr.dtype.element_ty)
+    seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, seq_len)
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    den = tl.full([BLOCK_G], 0.0, tl.float32)
+    acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
+    start = lo
+    while start < hi:
+        pos = start + tl.arange(0, BLOCK_N)
+        live = pos < hi
+        page = tl.load(bt_ptr + b * bt_sb + pos // PAGE, mask=live, other=0).to(tl.int64)
+        row = page * PAGE + (pos % PAGE).to(tl.int64)
+        km = dmask[:, None] & live[None, :]
+        kt = tl.load(k_ptr + row[None, :] * k_sn + kvh * k_sh + d[:, None], mask=km, other=0.0)
+        vm = live[:, None] & dmask[None, :]
+        v = tl.load(v_ptr + row[:, None] * v_sn + kvh * v_sh + d[None, :], mask=vm, other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        s = tl.where(live[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.reduce(s, 1, _MAX))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        den = den * alpha + tl.reduce(p, 1, _SUM)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m = m_new
+        start += BLOCK_N
+    if DIRECT:  # one split: the split's result is the answer
+        o = acc / den[:, None]
+        dst = out_ptr + b * o_sb + heads[:, None] * o_sh + d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=qm)
+    else:  # partials [B, Hq, S] (+ BLOCK_D for acc); an empty split leaves m=-inf, l=0
+        part = (b * num_heads + heads) * num_splits + split
+        tl.store(m_ptr + part, m, mask=gmask)
+        tl.store(l_ptr + part, den, mask=gmask)
+        tl.store(acc_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=gmask[:, None])
+
+
+def reduce_kernel(
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    out_ptr,
+    num_splits,
+    num_heads,
+    head_dim,
+    o_sb,
+    o_sh,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # One program per (sequence, query head): rescale each split to the global max and sum.
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = s < num_splits
+    part = (b * num_heads + h) * num_splits + s
+    m = tl.load(m_ptr + part, mask=smask, other=float("-inf"))
+    den = tl.load(l_ptr + part, mask=smask, other=0.0)
+    acc = tl.load(acc_ptr + part[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0)
+    # NOTE: split 0 always holds position 0 (seq_lens >= 1), so the max is finite and empty
+    # splits (m = -inf) get weight exp2(-inf) = 0.
+    w = tl.exp2(m - tl.reduce(m, 0, _MAX))
+    num = tl.reduce(acc * w[:, None], 0, _SUM)
+    o = num / tl.reduce(den * w, 0, _SUM)
+    dst = out_ptr + b * o_sb + h * o_sh + d
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=d < head_dim)
+
+
+def extend_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    qsl_ptr,
+    out_ptr,
+    qk_scale,
+    group,
+    head_dim,
+    q_st,
+    q_sh,
+    k_sn,
+    k_sh,
+    v_sn,
+    v_sh,
+    bt_sb,
+    o_st,
+    o_sh,
+    PAGE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # One program: sequence b, KV head kvh, query block mb (BLOCK_M tokens x the group's heads,
+    # flattened to BLOCK_M * BLOCK_G rows: row r is token r // BLOCK_G, head r % BLOCK_G).
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    mb = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + b).to(tl.int32)
+    n = tl.load(qsl_ptr + b + 1).to(tl.int32) - q_start
+    seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    ctx0 = seq_len - n  # position of the sequence's first new token
+    r = tl.arange(0, BLOCK_M * BLOCK_G)
+    t = mb * BLOCK_M + r // BLOCK_G
+    g = r % BLOCK_G
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < head_dim
+    rmask = (t < n) & (g < group)
+    # NOTE: rows past the sequence's tokens attend to position 0 only: never an empty softmax.
+    qpos = tl.where(t < n, ctx0 + t, 0)
+    tok = (q_start + t).to(tl.int64)
+    heads = kvh * group + g
+    qm = rmask[:, None] & dmask[None, :]
+    q = tl.load(
+        q_ptr + tok[:, None] * q_st + heads[:, None] * q_sh + d[None, :], mask=qm, other=0.0
+    )
+    q = q.to(tl.float32) if UPCAST else q.to(k_ptr.dtype.element_ty)
+    # Keys up to this block's last query (causal); an empty block (mb past n) runs no loop.
+    hi = tl.where(mb * BLOCK_M < n, ctx0 + tl.minimum((mb + 1) * BLOCK_M, n), 0)
+    m = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
+    den = tl.full([BLOCK_M * BLOCK_G], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M * BLOCK_G, BLOCK_D], 0.0, tl.float32)
+    start = hi * 0
+    while start < hi:
+        pos = start + tl.arange(0, BLOCK_N)
+        live = pos < hi
+        page = tl.load(bt_ptr + b * bt_sb + pos // PAGE, mask=live, other=0).to(tl.int64)
+        row = page * PAGE + (pos % PAGE).to(tl.int64)
+        km = dmask[:, None] & live[None, :]
+        kt = tl.load(k_ptr + row[None, :] * k_sn + kvh * k_sh + d[:, None], mask=km, other=0.0)
+        vm = live[:, None] & dmask[None, :]
+        v = tl.load(v_ptr + row[:, None] * v_sn + kvh * v_sh + d[None, :], mask=vm, other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        s = tl.where(live[None, :] & (pos[None, :] <= qpos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m, tl.reduce(s, 1, _MAX))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        den = den * alpha + tl.reduce(p, 1, _SUM)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m = m_new
+        start += BLOCK_N
+    o = acc / tl.where(den > 0, den, 1.0)[:, None]
+    dst = out_ptr + tok[:, None] * o_st + heads[:, None] * o_sh + d[None, :]
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=qm)

@@ -13,6 +13,7 @@ from shortconv.kernels.dispatch import (
     cca_conv_update,
     cca_prev_value_fn,
     cca_prev_value_update,
+    fused_moe,
     resolve_backend,
 )
 
@@ -24,4 +25,5 @@ __all__ = [
     "cca_prev_value_fn",
     "cca_prev_value_update",
     "resolve_backend",
+    "fused_moe",
 ]

@@ -22,6 +22,7 @@ from shortconv.kernels.cca_ref import (
     cca_prev_value_update_ref,
 )
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
+from shortconv.kernels.moe_ref import fused_moe_ref
 
 ENV_VAR = "SHORTCONV_KERNELS"
 _BACKENDS = ("torch", "triton")
@@ -166,3 +167,27 @@ def cca_conv_update(
 # these names run the reference on every backend.
 cca_prev_value_fn = cca_prev_value_fn_ref
 cca_prev_value_update = cca_prev_value_update_ref
+
+
+def fused_moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    activation: str,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Routed experts (SwiGLU-style); see `moe_ref.fused_moe_ref` for the contract.
+
+    x [T, H], gate_up [E, 2I, H] (gate ‖ up), down [E, H, I], ids int [T, k] (E = skip route),
+    weights [T, k], activation in {"silu", "gelu", "gelu_tanh", "relu"} -> out [T, H] in x's
+    dtype. The Triton path has static shapes and no host sync (CUDA-graph safe); the torch
+    reference syncs. No tensor-parallel all-reduce.
+    """
+    fn = _pick(x.device, "fused_moe_triton", fused_moe_ref, "moe_triton")
+    if fn is fused_moe_ref:
+        result = fused_moe_ref(x, gate_up, down, ids, weights, activation)
+        return result if out is None else out.copy_(result)
+    return fn(x, gate_up, down, ids, weights, activation, out=out)

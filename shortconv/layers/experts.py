@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from shortconv.kernels import fused_moe, resolve_backend
+from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.linear import linear, mark_shard
 from shortconv.parallel import ParallelContext
 
@@ -29,8 +28,11 @@ class FusedExperts(nn.Module):
     `forward(x[T,H], ids[T,k], weights[T,k])` → `[T,H]`; ids equal to `num_experts` or weight 0
     contribute nothing (ZAYA1's skip route).
 
-    `capture_safe` (set by the graph runner while it captures or replays a decode step) selects
-    a fixed-shape path with no host sync; it equals the grouped path within fp32 rounding.
+    `activation` is a kernel activation name (`moe_ref.ACTIVATIONS`). On the Triton backend
+    (CUDA, or SHORTCONV_KERNELS=triton) every call is one static-shape `fused_moe`, graph-safe
+    as is. On the torch backend `capture_safe` (set by the graph runner while it captures or
+    replays a decode step) selects a fixed-shape path with no host sync; it equals the grouped
+    path within fp32 rounding.
     """
 
     capture_safe: bool = False
@@ -41,7 +43,7 @@ class FusedExperts(nn.Module):
         hidden: int,
         inter: int,
         tp: ParallelContext,
-        act: Callable[[torch.Tensor], torch.Tensor] = F.silu,
+        activation: str = "silu",
     ):
         super().__init__()
         self.tp = tp
@@ -51,9 +53,13 @@ class FusedExperts(nn.Module):
             nn.Parameter(torch.empty(num_experts, 2 * i_local, hidden)), 1, parts=2
         )
         self.down_proj = mark_shard(nn.Parameter(torch.empty(num_experts, hidden, i_local)), 2)
-        self.act = act
+        self.activation = activation
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if resolve_backend(x.device) == "triton":
+            y = fused_moe(x, self.gate_up_proj, self.down_proj, ids, weights, self.activation)
+            return self.tp.all_reduce(y)
         if self.capture_safe:
             return self.tp.all_reduce(self._forward_dense(x, ids, weights))
         out = torch.zeros_like(x)

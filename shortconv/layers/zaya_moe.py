@@ -16,33 +16,37 @@ import torch.nn.functional as F
 from torch import nn
 
 from shortconv.config import ConfigError, ModelConfig
+from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.experts import FusedExperts
 from shortconv.layers.linear import ReplicatedLinear, mark_shard
 from shortconv.layers.norm import RMSNorm
 from shortconv.parallel import ParallelContext
 
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# transformers ACT2FN names → functions with the same math.
+# transformers ACT2FN names → the fused-MoE kernel's activation names (same math).
+EXPERT_ACTIVATION_NAMES: dict[str, str] = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
 EXPERT_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "swish": F.silu,
-    "gelu": F.gelu,
-    "gelu_pytorch_tanh": _gelu_tanh,
-    "relu": F.relu,
+    hf: ACTIVATIONS[kernel] for hf, kernel in EXPERT_ACTIVATION_NAMES.items()
 }
 
 
-def expert_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    if name not in EXPERT_ACTIVATIONS:
+def expert_activation_name(name: str) -> str:
+    """The kernel activation name for a transformers `hidden_act`; ConfigError if unknown."""
+    if name not in EXPERT_ACTIVATION_NAMES:
         raise ConfigError(
             f"hidden_act {name!r} is not supported for ZAYA1 experts; "
-            f"supported: {', '.join(sorted(EXPERT_ACTIVATIONS))}"
+            f"supported: {', '.join(sorted(EXPERT_ACTIVATION_NAMES))}"
         )
-    return EXPERT_ACTIVATIONS[name]
+    return EXPERT_ACTIVATION_NAMES[name]
+
+
+def expert_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    return ACTIVATIONS[expert_activation_name(name)]
 
 
 class ZayaRouterMLP(nn.Module):
@@ -107,7 +111,7 @@ class ZayaMoE(nn.Module):
             cfg.hidden_size,
             cfg.moe_intermediate_size,
             tp,
-            act=expert_activation(cfg.hidden_act),
+            activation=expert_activation_name(cfg.hidden_act),
         )
 
     def forward(

@@ -18,6 +18,10 @@ from deployments.router import SessionAffinityRouter
 from deployments.server import LLMServer
 
 ROUTING_STATS_PERIOD_S = 2.0  # how stale a replica's session report may be (default 10 s)
+# Serve lets this many requests more than the engine's admission limit into a replica, so that
+# the replica itself answers overload (an OpenAI 503 with Retry-After, counted at admission)
+# and /v1/models, /health or stats calls still get through while generation is full.
+ADMISSION_HEADROOM = 8
 
 
 class AppArgsError(ValueError):
@@ -38,18 +42,22 @@ def parse_args(args: dict[str, Any] | None) -> AppArgs:
 
 def deployment_options(args: AppArgs) -> dict[str, Any]:
     """Serve options for LLMServer: resources and placement, batching-sized concurrency,
-    autoscaling, health checks and the session-affinity router."""
+    autoscaling, health checks and the session-affinity router.
+
+    NOTE: every size here is derived from the args (`max_num_seqs`, `max_waiting_requests`);
+    the YAMLs set a deployment option only to mean something else than these defaults."""
     opts: dict[str, Any] = {
-        # Continuous batching: twice max_num_seqs in flight keeps the next batch queued.
-        "max_ongoing_requests": 2 * args.max_num_seqs,
+        # One admission limit: Serve's per-replica cap sits just above the engine's, so a full
+        # replica answers 503 itself rather than Serve queueing without telling anyone.
+        "max_ongoing_requests": args.admission_limit + ADMISSION_HEADROOM,
         "autoscaling_config": {
             "min_replicas": 1,
             "max_replicas": 2,
             "target_ongoing_requests": max(1, args.max_num_seqs // 2),
         },
         # Bounded waiting at each proxy too: past it Serve itself answers 503 + Retry-After, so
-        # a flood never grows memory without limit (replicas bound theirs: max_waiting_requests).
-        "max_queued_requests": args.max_waiting_requests,
+        # a flood never grows memory without limit (replicas bound theirs: admission_limit).
+        "max_queued_requests": args.admission_limit,
         "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=1),
         "health_check_period_s": 10.0,
         "health_check_timeout_s": 30.0,

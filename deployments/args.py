@@ -20,6 +20,10 @@ class AppArgs(BaseModel):
     `enable_graphs` runs decode steps as graph replays (CUDA graphs on GPU); `graph_batch_sizes`
     is their batch-size ladder (None: the engine's default); a decode batch larger than the
     largest bucket runs eagerly (counted in shortconv_graph_eager_fallbacks_total).
+    `max_waiting_requests` (default: `max_num_seqs`) is how many admitted requests may wait
+    for a batch place: a replica admits `admission_limit` = `max_num_seqs` +
+    `max_waiting_requests` requests and answers the next one 503 (see deployments/app.py for
+    the Serve options derived from it).
     `prepack_cpu_weights` (CPU, fp32) keeps a oneDNN-blocked copy of each large linear weight,
     faster from 8 rows per step up, at the cost of about the weights' size again in memory.
     """
@@ -37,7 +41,7 @@ class AppArgs(BaseModel):
     num_state_slots: int = Field(0, ge=0)
     max_model_len: int = Field(0, ge=0)
     session_ttl_s: float = Field(600.0, gt=0)
-    max_waiting_requests: int = Field(256, ge=1)
+    max_waiting_requests: int | None = Field(None, ge=1)  # None: max_num_seqs
     max_request_bytes: int = Field(1 << 20, ge=1024)
     request_timeout_s: float = Field(600.0, gt=0)  # queueing to last token; then aborted (504)
     api_key: str | None = None  # None: $SHORTCONV_API_KEY if set, else no auth
@@ -47,3 +51,9 @@ class AppArgs(BaseModel):
     enable_graphs: bool | None = None  # None: on for CUDA, off for CPU (the engine default)
     graph_batch_sizes: Annotated[list[BatchSize], Field(min_length=1)] | None = None
     prepack_cpu_weights: bool = True
+
+    @property
+    def admission_limit(self) -> int:
+        """Requests one replica holds (running + waiting); past it, 503 + Retry-After."""
+        waiting = self.max_waiting_requests or self.max_num_seqs
+        return self.max_num_seqs + waiting

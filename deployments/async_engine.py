@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -37,6 +38,19 @@ class _Stream:
     session_id: str | None
 
 
+class _Admission:
+    """One request's place in its replica's admission count; `release` is idempotent."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine: AsyncEngine | None = engine
+        engine._num_active += 1
+
+    def release(self) -> None:
+        if self._engine is not None:
+            self._engine._num_active -= 1
+            self._engine = None
+
+
 class AsyncEngine:
     """Runs `engine` on a daemon thread. Start with `start()`, stop with `shutdown()`."""
 
@@ -44,12 +58,11 @@ class AsyncEngine:
         self,
         engine: EngineLike,
         *,
-        max_num_seqs: int,
-        max_waiting_requests: int,
+        admission_limit: int,
         session_ttl_s: float | None = None,
     ) -> None:
         self.engine = engine
-        self.max_active = max_num_seqs + max_waiting_requests
+        self.admission_limit = admission_limit  # running + waiting requests on this replica
         self._session_ttl_s = session_ttl_s
         self._cmds: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # NOTE: mutated on the loop thread only
@@ -66,6 +79,11 @@ class AsyncEngine:
             sessions.ttl_s = self._session_ttl_s  # the engine's default TTL, set before any use
         self._publish_stats(force=True)
         self._thread.start()
+
+    @property
+    def num_admitted(self) -> int:
+        """Requests admitted and not yet given back (running, waiting or not yet started)."""
+        return self._num_active
 
     @property
     def alive(self) -> bool:
@@ -87,17 +105,28 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDead(self._error or "the engine loop is not running")
         self.engine.validate(prompt_token_ids, params)  # read-only: safe off the loop thread
-        if self._num_active >= self.max_active:
+        if self._num_active >= self.admission_limit:
             raise EngineOverloaded(
-                f"{self._num_active} requests are already queued or running on this replica"
+                f"{self._num_active} requests are already queued or running on this replica "
+                f"(its admission limit)"
             )
-        return self._stream(list(prompt_token_ids), params, request_id, session_id)
+        # NOTE: counted here, at admission, so a burst cannot overshoot the limit before the
+        # streams start. The admission is given back exactly once: when the stream ends, or
+        # when a stream that was never iterated is dropped (its generator's finalizer).
+        admitted = _Admission(self)
+        deltas = self._stream(list(prompt_token_ids), params, request_id, session_id, admitted)
+        weakref.finalize(deltas, admitted.release)
+        return deltas
 
     async def _stream(
-        self, prompt: list[int], params: SamplingParams, rid: str, session_id: str | None
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        rid: str,
+        session_id: str | None,
+        admitted: _Admission,
     ) -> AsyncIterator[Delta]:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)
-        self._num_active += 1
         self._cmds.put(("add", (rid, prompt, params, stream)))
         finished = False
         try:
@@ -106,7 +135,7 @@ class AsyncEngine:
                 finished = delta.finish_reason is not None
                 yield delta
         finally:
-            self._num_active -= 1
+            admitted.release()
             if not finished:
                 self._cmds.put(("abort", rid))
 

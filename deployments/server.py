@@ -109,8 +109,7 @@ class LLMServer:
         attach_ray_metrics(engine)
         self.engine = AsyncEngine(
             engine,
-            max_num_seqs=self.args.max_num_seqs,
-            max_waiting_requests=self.args.max_waiting_requests,
+            admission_limit=self.args.admission_limit,
             session_ttl_s=self.args.session_ttl_s,
         )
         self.engine.start()

@@ -218,6 +218,9 @@ def test_values_schema_mirrors_app_args() -> None:
     assert set(chart_schema) == set(app_schema), "update values.schema.json serve.args"
     for name, field in app_schema.items():
         ours = chart_schema[name]
+        # An optional field (`int | None`) carries its bounds on the non-null branch.
+        branches = [b for b in field.get("anyOf", [field]) if b.get("type") != "null"]
+        field = branches[0] if len(branches) == 1 else field
         for key in ("enum", "minimum", "exclusiveMinimum", "maximum"):
             assert ours.get(key) == field.get(key), f"serve.args.{name}: {key} differs"
 

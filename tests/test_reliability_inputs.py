@@ -254,7 +254,7 @@ def test_full_replica_queue_is_503_with_retry_after(http: httpx.Client) -> None:
 
 def test_proxy_queue_is_bounded_too() -> None:
     opts = deployment_options(parse_args({"max_waiting_requests": 7}))
-    assert opts["max_queued_requests"] == 7
+    assert opts["max_queued_requests"] == 32 + 7  # the replica's admission limit
     assert opts["backpressure_config"].retry_after_s == 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 from deployments.async_engine import AsyncEngine
+from deployments.engine_types import EngineOverloaded
 from deployments.openai_api import ApiConfig, build_openai_app
 from shortconv.outputs import RequestOutput
 from shortconv.sampling_params import SamplingParams
@@ -102,7 +104,7 @@ class FakeEngine:
 def serve_app(fn: Callable[[httpx.AsyncClient, FakeEngine, AsyncEngine], Any], **kw: Any) -> Any:
     """Run `fn(client, fake, async_engine)` against the app on a fresh fake engine."""
     fake = FakeEngine(kw.pop("fail_after", None))
-    eng = AsyncEngine(fake, max_num_seqs=4, max_waiting_requests=kw.pop("max_waiting", 4))
+    eng = AsyncEngine(fake, admission_limit=kw.pop("admission_limit", 8))
     eng.start()
     app = build_openai_app(eng, ApiConfig(model_name=MODEL, replica_id="r0", **kw))
 
@@ -272,4 +274,29 @@ def test_overload_is_503_and_health() -> None:
         eng._error = "simulated crash"
         assert (await client.get("/health")).status_code == 503
 
-    serve_app(run, max_waiting=-2)
+    serve_app(run, admission_limit=2)
+
+
+def test_admission_is_counted_at_admission_and_always_given_back() -> None:
+    """A burst cannot overshoot: a stream counts from `generate`, before it is iterated; and
+    it gives its place back when it ends, is closed, or is dropped without being started."""
+
+    async def run(client: httpx.AsyncClient, fake: FakeEngine, eng: AsyncEngine) -> None:
+        params = SamplingParams(max_tokens=3)
+        held = [eng.generate([5], params, f"r{i}") for i in range(2)]  # none iterated yet
+        assert eng.num_admitted == 2
+        with pytest.raises(EngineOverloaded):
+            eng.generate([5], params, "r2")
+        r = await client.post("/v1/chat/completions", json=chat())
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        del held
+        gc.collect()
+        assert eng.num_admitted == 0 and not fake.running  # nothing had been queued
+        finished = [d async for d in eng.generate([5], params, "done")]
+        assert finished[-1].finish_reason == "length" and eng.num_admitted == 0
+        closed = eng.generate([5], SamplingParams(max_tokens=10_000), "closed")
+        await anext(aiter(closed))
+        await closed.aclose()  # type: ignore[attr-defined]
+        assert eng.num_admitted == 0
+
+    serve_app(run, admission_limit=2)

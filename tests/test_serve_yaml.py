@@ -7,6 +7,7 @@ tiny-checkpoint cache, its own Ray temp dir and a free port patched into a copy 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from deployments.app import parse_args
+from deployments.args import AppArgs
 from deployments.serve_run import serve_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,15 +30,16 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(params=["zaya1", "lfm2", "lfm2_moe"])
-def served(request: pytest.FixtureRequest, cache_dir: Path) -> Iterator[str]:
+def served(request: pytest.FixtureRequest, cache_dir: Path) -> Iterator[tuple[str, AppArgs]]:
     name = request.param
     config = yaml.safe_load((ROOT / "deployments" / f"{name}.yaml").read_text())
-    parse_args(config["applications"][0]["args"])  # the YAML's args are valid AppArgs
+    args = parse_args(config["applications"][0]["args"])  # the YAML's args are valid AppArgs
     with serve_run(config, START_TIMEOUT_S, env={"XDG_CACHE_HOME": str(cache_dir)}) as (base, _):
-        yield base
+        yield base, args
 
 
-def test_serve_run_yaml_answers_openai_client(served: str) -> None:
+def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> None:
+    served, args = served
     client = openai.OpenAI(base_url=f"{served}/v1", api_key="unused", max_retries=0, timeout=60)
     (model,) = [m.id for m in client.models.list().data]
     messages = [{"role": "user", "content": "Hello! Who are you?"}]
@@ -90,3 +93,41 @@ def test_serve_run_yaml_answers_openai_client(served: str) -> None:
     )
     details = second.usage.prompt_tokens_details if second.usage else None
     assert details is not None and (details.cached_tokens or 0) > 0
+    asyncio.run(_burst_past_the_admission_limit(served, model, args.admission_limit))
+
+
+async def _burst_past_the_admission_limit(base: str, model: str, limit: int) -> None:
+    """With the YAML's own settings, `limit + 8` concurrent requests reach the replica (Serve's
+    cap is derived above the engine's) and the replica refuses the overshoot itself: OpenAI
+    503s with Retry-After, nothing else fails, and every slot is free again afterwards."""
+    body = {"model": model, "prompt": "burst", "max_tokens": 128, "ignore_eos": True}
+    limits = httpx.Limits(max_connections=limit + 16)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+        # A kept session holds its generation slot and (if one was spare) its prompt snapshot.
+        before = await _idle_stats(client)
+        results = await asyncio.gather(
+            *(client.post("/v1/completions", json=body) for _ in range(limit + 8))
+        )
+        codes = [r.status_code for r in results]
+        assert set(codes) <= {200, 503} and codes.count(503) >= 1, codes
+        for r in results:
+            if r.status_code == 503:
+                assert r.headers["retry-after"] == "1", r.text
+                assert r.json()["error"]["code"] == "overloaded", r.text
+        stats = await _idle_stats(client)
+        assert stats["num_waiting"] == 0, stats
+        assert (stats["slots_used"], stats["kv_pages_used"], stats["sessions_held"]) == (
+            before["slots_used"],
+            before["kv_pages_used"],
+            before["sessions_held"],
+        ), (before, stats)
+
+
+async def _idle_stats(client: httpx.AsyncClient) -> dict:
+    """The replica's stats once no request is active (the engine loop publishes every few steps)."""
+    for _ in range(100):
+        stats = (await client.get("/v1/internal/stats")).json()
+        if stats["num_active_requests"] == 0 and stats["num_running"] == 0:
+            return stats
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the replica did not go idle: {stats}")

@@ -259,7 +259,9 @@ def _grouped_gemms(
     )
     # Zeroed: skip routes (and zero-weight ones) are written by no block.
     routed = torch.zeros(num_routes, hidden, dtype=x.dtype, device=x.device)
-    rw = weights.reshape(-1)
+    # The kernel indexes the weights as a flat unit-stride array by route id; reshape(-1) of
+    # a sliced [T, 1] (say weights[:, :1]) is a view with stride 2, so make it contiguous.
+    rw = weights.reshape(-1).contiguous()
     down_k[(num_blocks, triton.cdiv(hidden, BLOCK_N))](
         h,
         down,

@@ -12,6 +12,12 @@ GEMM work and no weight reads.
 
 As in `conv1d_triton`, the kernel bodies are jitted lazily once per interpreter mode and use
 only core builtins (triton.language's own @jit helpers are fixed to one mode at import).
+
+bf16 under TRITON_INTERPRET=1: the interpreter keeps bf16 tensors as their raw uint16 bits and
+its `tl.dot` is a plain numpy matmul of those bits (Triton 3.6 converts only fp8 operands), so a
+bf16 dot returns garbage (~1e10). There the kernels upcast both operands to fp32 first
+(`DOT_F32`) and use ieee products: bf16 x bf16 products are exact in fp32, so this is the same
+math as the GPU's bf16 MMA with fp32 accumulation, which the compiled path keeps.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ def _gate_up_kernel(
     INTER: tl.constexpr,
     ACT: tl.constexpr,
     PREC: tl.constexpr,
+    DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -76,6 +83,10 @@ def _gate_up_kernel(
         wmask = kmask[:, None] & nmask[None, :]
         g = tl.load(g_ptrs + k0 * w_sk, mask=wmask, other=0.0)
         u = tl.load(u_ptrs + k0 * w_sk, mask=wmask, other=0.0)
+        if DOT_F32:  # interpreter + bf16 only; see the module docstring
+            a = a.to(tl.float32)
+            g = g.to(tl.float32)
+            u = u.to(tl.float32)
         acc_g = tl.dot(a, g, acc_g, input_precision=PREC)
         acc_u = tl.dot(a, u, acc_u, input_precision=PREC)
     if ACT == 0:  # silu
@@ -110,6 +121,7 @@ def _down_kernel(
     HIDDEN: tl.constexpr,
     INTER: tl.constexpr,
     PREC: tl.constexpr,
+    DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -133,6 +145,9 @@ def _down_kernel(
         # NOTE: padding rows of h were never written (uninitialised): the mask keeps them out.
         a = tl.load(a_ptrs + k0 * h_sk, mask=valid[:, None] & kmask[None, :], other=0.0)
         b = tl.load(b_ptrs + k0 * w_sk, mask=kmask[:, None] & nmask[None, :], other=0.0)
+        if DOT_F32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PREC)
     rw = tl.load(rw_ptr + route, mask=valid, other=0.0).to(tl.float32)
     acc = acc * rw[:, None]
@@ -213,8 +228,10 @@ def _grouped_gemms(
     hidden, inter = x.shape[1], down.shape[2]
     block_m = align.block_m
     num_blocks = align.expert_of_block.numel()
+    # The interpreter cannot dot bf16 operands (module docstring): upcast them there.
+    dot_f32 = bool(triton.knobs.runtime.interpret) and x.dtype == torch.bfloat16
     # fp32 inputs get exact fp32 products (the default would be TF32 on recent GPUs).
-    prec = "ieee" if x.dtype == torch.float32 else None
+    prec = "ieee" if x.dtype == torch.float32 or dot_f32 else None
     h = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
     gate_k[(num_blocks, triton.cdiv(inter, BLOCK_N))](
         x,
@@ -235,13 +252,16 @@ def _grouped_gemms(
         INTER=inter,
         ACT=_ACT_CODES[activation],
         PREC=prec,
+        DOT_F32=dot_f32,
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
     )
     # Zeroed: skip routes (and zero-weight ones) are written by no block.
     routed = torch.zeros(num_routes, hidden, dtype=x.dtype, device=x.device)
-    rw = weights.reshape(-1)
+    # The kernel indexes the weights as a flat unit-stride array by route id; reshape(-1) of
+    # a sliced [T, 1] (say weights[:, :1]) is a view with stride 2, so make it contiguous.
+    rw = weights.reshape(-1).contiguous()
     down_k[(num_blocks, triton.cdiv(hidden, BLOCK_N))](
         h,
         down,
@@ -260,6 +280,7 @@ def _grouped_gemms(
         HIDDEN=hidden,
         INTER=inter,
         PREC=prec,
+        DOT_F32=dot_f32,
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,

@@ -20,32 +20,30 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
-from shortconv.config import EngineConfig, ModelConfig  # noqa: E402
-from shortconv.engine import LLMEngine, plan_capacity  # noqa: E402
+from shortconv.config import EngineConfig  # noqa: E402
+from shortconv.engine import LLMEngine  # noqa: E402
 from shortconv.executor import BaseExecutor  # noqa: E402
 from shortconv.plan import StepPlan, StepResult  # noqa: E402
 from shortconv.sampling_params import SamplingParams  # noqa: E402
+from shortconv.worker_spec import plan_worker_spec  # noqa: E402
 
 TARGET_MS = 2.0
 
 
 def make_engine(model: Path, tp_size: int, dispatch: str | None) -> LLMEngine:
     """An engine whose executor is chosen here (LocalExecutor when dispatch is None)."""
-    import torch
 
     eng = EngineConfig(max_num_seqs=8, num_kv_pages=64, num_state_slots=17)
-    cfg = ModelConfig.from_dir(model)
-    cap = plan_capacity(cfg, eng, cfg.max_model_len, torch.float32)
-    args = (model, cfg, eng, cap, torch.float32, torch.device("cpu"))
+    spec = plan_worker_spec(model, eng, "float32")
     if dispatch is None:
         from workers.local_executor import LocalExecutor
 
-        ex: BaseExecutor = LocalExecutor(*args)
+        ex: BaseExecutor = LocalExecutor(spec)
     else:
         from workers.ray_executor import RayExecutor
 
-        ex = RayExecutor(*args, tp_size=tp_size, dispatch=dispatch)
-    return LLMEngine(model, dtype="float32", engine_config=eng, executor=ex)
+        ex = RayExecutor(spec, tp_size=tp_size, dispatch=dispatch)
+    return LLMEngine(spec, ex)
 
 
 def run(engine: LLMEngine, batch: int, steps: int) -> dict[int, float]:

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -75,8 +75,8 @@ class AsyncEngine:
 
     # ---- caller side (asyncio) ------------------------------------------------------------
     def start(self) -> None:
-        if self._session_ttl_s is not None and (sessions := self._sessions()) is not None:
-            sessions.ttl_s = self._session_ttl_s  # the engine's default TTL, set before any use
+        if self._session_ttl_s is not None:
+            self.engine.sessions.ttl_s = self._session_ttl_s  # the default, set before any use
         self._publish_stats(force=True)
         self._thread.start()
 
@@ -170,10 +170,8 @@ class AsyncEngine:
                     for out in self.engine.step():
                         self._deliver(out)
                 else:  # idle: no schedule() sweeps session TTLs, no step refreshes the gauges
-                    if (sessions := self._sessions()) is not None:
-                        sessions.evict_idle()
-                    if (metrics := getattr(self.engine, "metrics", None)) is not None:
-                        metrics.record(self.engine.stats())  # type: ignore[attr-defined]
+                    self.engine.sessions.evict_idle()
+                    self.engine.refresh_metrics()
                 # NOTE: fresh after any submit/abort and on going idle, so occupancy read right
                 # after a request starts or ends (tests, dashboards) is never stale.
                 self._publish_stats(force=handled > 0 or not self.engine.has_unfinished())
@@ -231,8 +229,7 @@ class AsyncEngine:
     def _executor_error(self) -> str | None:
         """Why the executor (TP workers) is unusable, or None."""
         try:
-            if (executor := getattr(self.engine, "executor", None)) is not None:
-                executor.check_health()
+            self.engine.check_health()
         except Exception as exc:
             return f"executor health check failed: {exc}"
         return None
@@ -259,20 +256,14 @@ class AsyncEngine:
             _put(stream, _final([], "error", message))
         self._streams.clear()
 
-    def _sessions(self) -> Any:
-        """The engine's SessionStore (None for an engine without sessions, e.g. a fake)."""
-        return getattr(getattr(self.engine, "scheduler", None), "sessions", None)
-
     def _publish_stats(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._stats_at < _STATS_PERIOD_S:
             return
         self._stats_at = now
-        stats_fn: Callable[[], Any] | None = getattr(self.engine, "stats", None)
-        snapshot: dict[str, Any] = asdict(stats_fn()) if stats_fn is not None else {}
+        snapshot: dict[str, Any] = asdict(self.engine.stats())
         held = {s.session_id for s in self._streams.values() if s.session_id is not None}
-        if (sessions := self._sessions()) is not None:
-            held.update(sessions.session_ids())
+        held.update(self.engine.sessions.session_ids())
         for sid in set(self._session_seen) - held:
             del self._session_seen[sid]
         snapshot["sessions"] = {sid: self._session_seen.get(sid, 0.0) for sid in sorted(held)}

@@ -3,25 +3,47 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shortconv.outputs import RequestOutput
 from shortconv.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from shortconv.graph_runner import GraphStats
+    from shortconv.metrics import MetricsRecorder
+    from shortconv.sessions import SessionStore
+    from shortconv.stats import EngineStats
+
 
 class EngineLike(Protocol):
-    """The part of `shortconv.engine.LLMEngine` the Serve layer uses (a fake implements it)."""
+    """Everything of `shortconv.engine.LLMEngine` the Serve layer uses (a fake implements it);
+    deployments/ reaches no further into the engine than this."""
 
     max_model_len: int
     tokenizer: Any
+    metrics: MetricsRecorder | None  # set by shortconv.metrics.attach_metrics
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
     def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, session_id: str
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        session_id: str | None = None,
     ) -> str: ...
     def abort_request(self, request_id: str) -> RequestOutput | None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished(self) -> bool: ...
+    def stats(self) -> EngineStats: ...
+    def graph_stats(self) -> GraphStats | None: ...
+    def refresh_metrics(self) -> None: ...
+    def check_health(self) -> None:
+        """Raise (ExecutorError) when the executor's workers are unusable."""
+
+    @property
+    def sessions(self) -> SessionStore:
+        """Kept session state: TTL (`ttl_s`), `evict_idle()`, `session_ids()`."""
+
     def shutdown(self) -> None: ...
 
 

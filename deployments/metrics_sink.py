@@ -24,6 +24,7 @@ from shortconv.metrics import (
     Labels,
     MetricDef,
     MetricsRecorder,
+    MetricsSource,
     attach_metrics,
 )
 
@@ -68,8 +69,6 @@ class RayMetricsSink(BaseMetricsSink):
             hist.observe(v, tags=tags)
 
 
-def attach_ray_metrics(engine: Any) -> MetricsRecorder | None:
-    """Report `engine`'s metrics through Ray; None for an engine without stats (a test fake)."""
-    if not callable(getattr(engine, "stats", None)):
-        return None
+def attach_ray_metrics(engine: MetricsSource) -> MetricsRecorder:
+    """Report `engine`'s metrics through Ray from now on."""
     return attach_metrics(engine, RayMetricsSink())

@@ -77,7 +77,7 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
     """Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /v1/internal/stats."""
     app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
     created = int(time.time())
-    tokenizer = getattr(engine.engine, "tokenizer", None)
+    tokenizer = engine.engine.tokenizer
     max_model_len = int(engine.engine.max_model_len)
     _install_error_handlers(app)
 

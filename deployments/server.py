@@ -12,7 +12,7 @@ import asyncio
 import importlib
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from ray import serve
@@ -22,6 +22,9 @@ from deployments.async_engine import AsyncEngine, EngineLike
 from deployments.metrics_sink import attach_ray_metrics
 from deployments.model_source import resolve_model, served_model_name
 from deployments.openai_api import ApiConfig, build_openai_app, resolve_api_key
+
+if TYPE_CHECKING:
+    from shortconv.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +46,29 @@ class FailReplays:
             raise RuntimeError(f"{FAIL_REPLAYS_ENV}: injected replay failure")
 
 
-def install_test_faults(engine: Any) -> None:
+def install_test_faults(engine: LLMEngine) -> None:
     """Apply FAIL_REPLAYS_ENV to the in-process graph runner (none with tp_size > 1 or graphs
     off: the hook then has nowhere to go, which is logged)."""
     n = int(os.environ.get(FAIL_REPLAYS_ENV, "0") or 0)
     if n <= 0:
         return
-    graphs = getattr(getattr(engine.executor, "runner", None), "graphs", None)
-    if graphs is None:
+    if not engine.set_graph_fault_hook(FailReplays(n)):
         log.warning("%s=%d ignored: no in-process graph runner", FAIL_REPLAYS_ENV, n)
         return
     log.warning("%s=%d: the first %d graph replays will fail (test hook)", FAIL_REPLAYS_ENV, n, n)
-    graphs.fault_hook = FailReplays(n)
 
 
 def build_engine(args: AppArgs) -> EngineLike:
     """The real engine (the default `engine_factory`)."""
     from shortconv.config import EngineConfig
-    from shortconv.engine import LLMEngine
+    from shortconv.llm import build_engine as build_llm_engine
 
     model_dir = resolve_model(args)
     log.info("loading %s (tp_size=%d, %s)", model_dir, args.tp_size, args.device)
     graphs: dict[str, Any] = {"enable_graphs": args.enable_graphs}
     if args.graph_batch_sizes is not None:  # None keeps the engine's default ladder
         graphs["graph_batch_sizes"] = tuple(args.graph_batch_sizes)
-    engine = LLMEngine(
+    engine = build_llm_engine(
         model_dir,
         tp_size=args.tp_size,
         dtype=args.dtype,

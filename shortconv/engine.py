@@ -5,67 +5,40 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from pathlib import Path
-
-import torch
+from collections.abc import Callable
 
 from shortconv.allocators import PageAllocator, SlotAllocator
-from shortconv.config import ConfigError, EngineConfig, ModelConfig, resolve_dtype
+from shortconv.config import ModelConfig
 from shortconv.executor import BaseExecutor, ExecutorError
+from shortconv.graph_runner import GraphStats
 from shortconv.metrics import MetricsRecorder
 from shortconv.outputs import RequestOutput
 from shortconv.request import Request
-from shortconv.runner import Capacity
 from shortconv.sampling_params import SamplingParams
 from shortconv.scheduler import Scheduler, SchedulerConfig
+from shortconv.sessions import SessionStore
 from shortconv.stats import EngineStats
 from shortconv.tokenizer import IncrementalDetokenizer, Tokenizer
+from shortconv.worker_spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 
 
-def plan_capacity(
-    cfg: ModelConfig, eng: EngineConfig, max_len: int, dtype: torch.dtype
-) -> Capacity:
-    # Spare slots beyond max_num_seqs hold kept session checkpoints.
-    slots = eng.num_state_slots or 2 * eng.max_num_seqs + 1
-    if eng.num_kv_pages:
-        return Capacity(slots, eng.num_kv_pages)
-    per_seq = -(-max_len // eng.kv_page_size)
-    n_attn = max(1, len(cfg.attention_layer_ids))
-    page_bytes = 2 * n_attn * eng.kv_page_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
-    budget_pages = max(2, eng.kv_cache_bytes // page_bytes)
-    return Capacity(slots, int(min(1 + eng.max_num_seqs * per_seq, budget_pages)))
-
-
 class LLMEngine:
-    def __init__(
-        self,
-        model: str | Path,
-        tp_size: int = 1,
-        dtype: str = "auto",
-        device: str = "cpu",
-        seed: int = 0,
-        engine_config: EngineConfig | None = None,
-        executor: BaseExecutor | None = None,
-    ) -> None:
-        self.model_dir = Path(model)
-        self.model_cfg = ModelConfig.from_dir(self.model_dir)
-        self.engine_cfg = eng = engine_config or EngineConfig()
-        self.dtype = resolve_dtype(dtype, self.model_cfg.raw)
-        self.device = torch.device(device)
-        self.max_model_len = eng.max_model_len or self.model_cfg.max_model_len
-        if self.max_model_len > self.model_cfg.max_model_len:
-            raise ConfigError(
-                f"max_model_len={self.max_model_len} exceeds the model's "
-                f"max_position_embeddings={self.model_cfg.max_model_len}"
-            )
-        self.capacity = plan_capacity(self.model_cfg, eng, self.max_model_len, self.dtype)
-        self.max_model_len = _fit_max_len(self.max_model_len, self.capacity, eng)
+    """Scheduler + tokenizer over an executor it is given (the facade, `shortconv.llm`,
+    picks the executor; the engine never names one)."""
+
+    def __init__(self, spec: WorkerSpec, executor: BaseExecutor, seed: int = 0) -> None:
+        self.spec = spec
+        self.model_dir, self.model_cfg = spec.model_dir, spec.model_cfg
+        self.engine_cfg = spec.engine_cfg
+        self.dtype, self.device, self.capacity = spec.dtype, spec.device, spec.capacity
+        self.max_model_len = spec.max_model_len
         self.tokenizer = Tokenizer.load(self.model_dir)
         self.seed = seed
         self._ids = itertools.count()
-        self.executor = executor or self._make_executor(tp_size)
+        self.executor = executor
+        eng = self.engine_cfg
         eos = set(self.model_cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -88,23 +61,6 @@ class LLMEngine:
         self._pools = ("conv",) + ((extra,) if extra else ())
         # Set by shortconv.metrics.attach_metrics; None: no metrics work at all.
         self.metrics: MetricsRecorder | None = None
-
-    def _make_executor(self, tp_size: int) -> BaseExecutor:
-        args = (
-            self.model_dir,
-            self.model_cfg,
-            self.engine_cfg,
-            self.capacity,
-            self.dtype,
-            self.device,
-        )
-        if tp_size == 1:
-            from workers.local_executor import LocalExecutor
-
-            return LocalExecutor(*args)
-        from workers.ray_executor import RayExecutor
-
-        return RayExecutor(*args, tp_size=tp_size)
 
     # ---- requests -----------------------------------------------------------------------
     def encode_prompt(self, prompt: str) -> list[int]:
@@ -165,7 +121,7 @@ class LLMEngine:
             self._count_finished(out.finish_reason)
         if self.metrics is not None:  # refreshed now: an idle engine may run no further step
             self.metrics.request_dropped(request_id)
-            self.metrics.record(self.stats())
+        self.refresh_metrics()
         return out
 
     def has_unfinished(self) -> bool:
@@ -271,27 +227,31 @@ class LLMEngine:
             finished_by_reason=dict(self._finished),
         )
 
+    # ---- health and introspection (the Serve layer's view: deployments.engine_types) -------
+    @property
+    def sessions(self) -> SessionStore:
+        """Kept session checkpoints (TTL, eviction, the ids this engine holds state for)."""
+        return self.scheduler.sessions
+
+    def check_health(self) -> None:
+        """Raise ExecutorError when the executor (a TP worker) is unusable."""
+        self.executor.check_health()
+
+    def graph_stats(self) -> GraphStats | None:
+        """Cumulative graph-replay counters, or None (graphs off, or held by remote ranks)."""
+        return self.executor.graph_stats()
+
+    def set_graph_fault_hook(self, hook: Callable[[str], None]) -> bool:
+        """Test hook for the in-process graph runner; False where there is none."""
+        return self.executor.set_graph_fault_hook(hook)
+
+    def refresh_metrics(self) -> None:
+        """Push the current stats to the attached metrics (an idle engine runs no step)."""
+        if self.metrics is not None:
+            self.metrics.record(self.stats())
+
     def shutdown(self) -> None:
         self.executor.shutdown()
-
-
-def _fit_max_len(max_len: int, capacity: Capacity, eng: EngineConfig) -> int:
-    """A sequence must fit the KV pool on its own, or it would preempt itself forever.
-
-    An explicit max_model_len that does not fit is refused; the model's default is capped to
-    what fits (like vLLM), with a warning.
-    """
-    fits = (capacity.num_pages - 1) * eng.kv_page_size
-    if max_len <= fits:
-        return max_len
-    if eng.max_model_len:
-        raise ConfigError(
-            f"max_model_len={max_len} needs {-(-max_len // eng.kv_page_size)} KV pages but the "
-            f"pool has {capacity.num_pages - 1}; raise num_kv_pages / kv_cache_bytes or lower "
-            "max_model_len"
-        )
-    log.warning("KV pool holds %d tokens: capping max_model_len %d -> %d", fits, max_len, fits)
-    return fits
 
 
 def _extra_state(cfg: ModelConfig) -> str | None:

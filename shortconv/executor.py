@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from shortconv.plan import StepPlan, StepResult
+
+if TYPE_CHECKING:
+    from shortconv.graph_runner import GraphStats
 
 
 class ExecutorError(RuntimeError):
@@ -27,3 +32,11 @@ class BaseExecutor(ABC):
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         """Per rank: the shapes of its state tensors (tests assert each rank holds a shard)."""
         return []
+
+    def graph_stats(self) -> GraphStats | None:
+        """The graph runner's counters where it runs in this process; None otherwise."""
+        return None
+
+    def set_graph_fault_hook(self, hook: Callable[[str], None]) -> bool:
+        """Install a test fault hook on an in-process graph runner; False where there is none."""
+        return False

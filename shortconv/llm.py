@@ -1,14 +1,47 @@
-"""Offline, vLLM-shaped API: `LLM(model=...).generate(...)`."""
+"""Offline, vLLM-shaped API: `LLM(model=...).generate(...)`, and the engine factory.
+
+NOTE: this facade is the one module of `shortconv/` that names `workers/`: it picks the
+executor (in-process for tp_size=1, Ray actors above) and hands it to the engine. The Ray
+import stays inside `build_executor`, so tp_size=1 runs where Ray is not installed.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from shortconv.config import EngineConfig
 from shortconv.engine import LLMEngine
+from shortconv.executor import BaseExecutor
 from shortconv.outputs import RequestOutput
 from shortconv.sampling_params import SamplingParams
+from shortconv.worker_spec import WorkerSpec, plan_worker_spec
+
+
+def build_executor(spec: WorkerSpec, tp_size: int = 1, **ray_options: object) -> BaseExecutor:
+    """LocalExecutor for tp_size=1 (no Ray), else a RayExecutor with `ray_options`."""
+    if tp_size == 1:
+        from workers.local_executor import LocalExecutor
+
+        return LocalExecutor(spec)
+    from workers.ray_executor import RayExecutor
+
+    return RayExecutor(spec, tp_size, **ray_options)  # type: ignore[arg-type]
+
+
+def build_engine(
+    model: str | Path,
+    tp_size: int = 1,
+    dtype: str = "auto",
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    engine_config: EngineConfig | None = None,
+) -> LLMEngine:
+    """Plan the worker spec, start its executor, and give both to a new engine."""
+    spec = plan_worker_spec(model, engine_config, dtype, device)
+    return LLMEngine(spec, build_executor(spec, tp_size), seed=seed)
 
 
 class LLM:
@@ -27,7 +60,7 @@ class LLM:
         seed: int = 0,
         **engine_kwargs: object,
     ) -> None:
-        self.engine = LLMEngine(
+        self.engine = build_engine(
             model,
             tp_size=tp_size,
             dtype=dtype,

@@ -13,10 +13,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from shortconv.engine import LLMEngine
     from shortconv.graph_runner import GraphStats
     from shortconv.outputs import RequestOutput
     from shortconv.plan import StepPlan
@@ -230,15 +229,19 @@ class MetricsRecorder:
                 samples.clear()
 
 
-def engine_graph_stats(engine: LLMEngine) -> GraphStats | None:
-    """The in-process graph runner's counters (LocalExecutor: executor.runner.graphs), if any."""
-    graphs = getattr(getattr(engine.executor, "runner", None), "graphs", None)
-    return graphs.stats() if graphs is not None else None
+class MetricsSource(Protocol):
+    """What the recorder reads: the engine's stats snapshots (no engine import here, so the
+    engine can import this module). `metrics` is where the engine looks for its recorder."""
+
+    metrics: MetricsRecorder | None
+
+    def stats(self) -> EngineStats: ...
+    def graph_stats(self) -> GraphStats | None: ...
 
 
-def attach_metrics(engine: LLMEngine, sink: BaseMetricsSink) -> MetricsRecorder:
+def attach_metrics(engine: MetricsSource, sink: BaseMetricsSink) -> MetricsRecorder:
     """Create every series in `sink` and have `engine` report to it from now on."""
-    recorder = MetricsRecorder(sink, engine.stats(), lambda: engine_graph_stats(engine))
+    recorder = MetricsRecorder(sink, engine.stats(), engine.graph_stats)
     engine.metrics = recorder
     return recorder
 
@@ -279,7 +282,7 @@ class PrometheusClientSink(BaseMetricsSink):
 class MetricsServer:
     """A running standalone exporter (GET `url`); `close()` stops it and detaches the engine."""
 
-    def __init__(self, engine: Any, port: int, host: str) -> None:
+    def __init__(self, engine: MetricsSource, port: int, host: str) -> None:
         from prometheus_client import start_http_server
 
         self.engine, self.host, self.sink = engine, host, PrometheusClientSink()

@@ -29,15 +29,12 @@ class SeqChunk:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Everything a rank needs for one forward.
-
-    `copies_before` runs before the forward (restore a session checkpoint into a live slot);
-    `copies_after` runs after it (snapshot a slot at the end of a prompt into a spare slot).
-    """
+    """Everything a rank needs for one forward. A resumed session runs in its kept slot, so
+    nothing is copied before the forward; `copies_after` runs after it (snapshot a slot at the
+    end of a prompt into a spare slot)."""
 
     step_id: int
     seqs: tuple[SeqChunk, ...]
-    copies_before: tuple[tuple[int, int], ...] = ()
     copies_after: tuple[tuple[int, int], ...] = ()
 
     @property

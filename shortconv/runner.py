@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from shortconv.backend import ShortConvBackend
-from shortconv.config import ConfigError, EngineConfig, ModelConfig
 from shortconv.graph_runner import GraphRunner
 from shortconv.layers.linear import prepack_linears
 from shortconv.loader import iter_checkpoint
@@ -21,35 +18,23 @@ from shortconv.plan import StepPlan, StepResult
 from shortconv.sampler import Sampler
 from shortconv.state_pool import StatePool
 from shortconv.support import check_support
+from shortconv.worker_spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Capacity:
-    """Pool sizes, decided once by the engine and identical on every rank."""
-
-    num_slots: int
-    num_pages: int
-
-
 class ModelRunner:
-    def __init__(
-        self,
-        model_dir: str | Path,
-        model_cfg: ModelConfig,
-        engine_cfg: EngineConfig,
-        capacity: Capacity,
-        dtype: torch.dtype,
-        device: torch.device,
-        tp: ParallelContext,
-    ) -> None:
+    """One rank's model shard, state-pool shard, backend and sampler, built from `spec`."""
+
+    def __init__(self, spec: WorkerSpec, tp: ParallelContext) -> None:
+        model_cfg, engine_cfg = spec.model_cfg, spec.engine_cfg
+        device, dtype = spec.device, spec.dtype
         check_support(model_cfg, device, tp.size)
         self.cfg, self.tp, self.device, self.dtype = model_cfg, tp, device, dtype
         cls = model_class(model_cfg.arch)
         t0 = time.perf_counter()
         model = build_model(cls, model_cfg, tp, device, dtype)
-        model.load_weights(iter_checkpoint(model_dir))
+        model.load_weights(iter_checkpoint(spec.model_dir))
         self.model = model
         log.info(
             "rank %d: loaded %s weights in %.1fs", tp.rank, model_cfg.arch, time.perf_counter() - t0
@@ -59,31 +44,33 @@ class ModelRunner:
             if added:
                 log.info("rank %d: prepacked linear weights for oneDNN (+%.0f MiB)", tp.rank,
                          added / 2**20)  # fmt: skip
-        kv = cls.kv_spec(model_cfg, tp, engine_cfg, capacity.num_pages)
+        kv = cls.kv_spec(model_cfg, tp, engine_cfg, spec.capacity.num_pages)
         specs = cls.state_specs(model_cfg, tp)
-        self.pool = StatePool(specs, kv, capacity.num_slots, dtype, device)
+        self.pool = StatePool(specs, kv, spec.capacity.num_slots, dtype, device)
         self.backend = ShortConvBackend(self.pool, device, cls.extra_state_name)
         self.sampler = Sampler()
         self.graphs: GraphRunner | None = None
         if engine_cfg.graphs_enabled(device):
-            max_len = engine_cfg.max_model_len or model_cfg.max_model_len
-            self.graphs = GraphRunner(self.model, self.backend, engine_cfg, max_len, tp.size)
+            # NOTE: the engine's KV-capped limit, not the model's: no bucket beyond what a
+            # sequence can reach.
+            self.graphs = GraphRunner(
+                self.model, self.backend, engine_cfg, spec.max_model_len, tp.size
+            )
             self.graphs.capture()
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult | None:
         """Run one step; rank 0 returns the sampled tokens, other ranks return None."""
-        if plan.copies_before:
-            self._copy(plan.copies_before)
         if self.graphs is not None and plan.seqs and plan.is_decode:
             decoded = self.graphs.run(plan)
-            sampled, used_graph = decoded.hidden, decoded.used_graph
+            hidden_rows, used_graph = decoded.hidden, decoded.used_graph
         else:
             step = self.backend.begin_step(plan)
             hidden = self.model(step.input_ids, step.positions, self.backend)
             # A decode step samples every row: skip the identity gather.
             every = step.is_decode and step.logits_indices.numel() == step.num_tokens
-            sampled, used_graph = (hidden if every else hidden[step.logits_indices]), False
+            hidden_rows = hidden if every else hidden[step.logits_indices]
+            used_graph = False
         if plan.copies_after:
             self._copy(plan.copies_after)
         rows = [s.sampling for s in plan.seqs if s.sampling is not None]
@@ -91,7 +78,7 @@ class ModelRunner:
         if not rows:
             empty = StepResult(plan.step_id, (), (), (), (), used_graph=used_graph)
             return empty if self.tp.rank == 0 else None
-        logits = self.model.compute_logits(sampled)
+        logits = self.model.compute_logits(hidden_rows)
         if self.tp.rank != 0:
             return None
         out = self.sampler(logits, rows)
@@ -108,8 +95,3 @@ class ModelRunner:
         if self.pool.k_cache is not None:
             shapes["kv"] = tuple(self.pool.k_cache.shape)
         return shapes
-
-
-def check_capacity(capacity: Capacity) -> None:
-    if capacity.num_slots < 2 or capacity.num_pages < 2:
-        raise ConfigError(f"capacity too small: {capacity}")

@@ -12,11 +12,12 @@ from shortconv.config import EngineConfig, ModelConfig
 from shortconv.graph_runner import GraphRunner
 from shortconv.parallel import SINGLE
 from shortconv.plan import SeqChunk, StepPlan
-from shortconv.runner import Capacity, ModelRunner
+from shortconv.runner import ModelRunner
 from shortconv.sampler import SamplingRow
 from shortconv.sampling_params import SamplingParams
 from shortconv.step_tensors import StepTensors, build_step_tensors
 from shortconv.tools.hf_support import transformers_lacks
+from shortconv.worker_spec import Capacity, WorkerSpec
 
 PAGE = 4
 PAGES_PER_SEQ = 24  # 96 positions
@@ -47,7 +48,8 @@ def make_runner(path: Path, enable_graphs: bool = True, **kw: object) -> ModelRu
     cfg = ModelConfig.from_dir(path)
     cap = Capacity(num_slots=NUM_SEQS + 2, num_pages=1 + NUM_SEQS * PAGES_PER_SEQ)
     eng = engine_config(enable_graphs, **kw)
-    return ModelRunner(path, cfg, eng, cap, torch.float32, torch.device("cpu"), SINGLE)
+    cpu, f32 = torch.device("cpu"), torch.float32
+    return ModelRunner(WorkerSpec(path, cfg, eng, cap, f32, cpu, cfg.max_model_len), SINGLE)
 
 
 def graph_runner(runner: ModelRunner, batch_sizes: tuple[int, ...]) -> GraphRunner:

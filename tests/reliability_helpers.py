@@ -115,7 +115,7 @@ def faulty_engine(args: Any) -> Any:
     decode growth preempts), and every preemption logged to $SCSV_FAULT_LOG."""
     from deployments.model_source import resolve_model
     from shortconv.config import EngineConfig
-    from shortconv.engine import LLMEngine
+    from shortconv.llm import build_engine
 
     cfg = EngineConfig(
         max_num_seqs=args.max_num_seqs,
@@ -125,7 +125,7 @@ def faulty_engine(args: Any) -> Any:
         kv_page_size=FAULT_KV_PAGE_SIZE,
         num_kv_pages=int(os.environ.get(FAULT_KV_PAGES_ENV, "0")),
     )
-    engine = LLMEngine(resolve_model(args), dtype=args.dtype, seed=args.seed, engine_config=cfg)
+    engine = build_engine(resolve_model(args), dtype=args.dtype, seed=args.seed, engine_config=cfg)
     emit, step, preempt = engine._emit, engine.step, engine.scheduler._preempt
     log_path = os.environ.get(FAULT_LOG_ENV)
 

@@ -7,7 +7,7 @@ import torch
 
 import shortconv.backend as backend_mod
 from shortconv.config import EngineConfig
-from shortconv.engine import LLMEngine
+from shortconv.llm import build_engine
 from shortconv.sampling_params import SamplingParams
 from shortconv.tools.make_tiny import make_tiny_checkpoint
 
@@ -16,7 +16,7 @@ from shortconv.tools.make_tiny import make_tiny_checkpoint
 def engine(tmp_path_factory):
     path = make_tiny_checkpoint("lfm2", tmp_path_factory.mktemp("lfm2"), seed=3)
     # Graphs on explicitly (CPU defaults to eager): decode must refresh the static buffers once.
-    return LLMEngine(path, dtype="float32", engine_config=EngineConfig(enable_graphs=True))
+    return build_engine(path, dtype="float32", engine_config=EngineConfig(enable_graphs=True))
 
 
 def test_resolution_once_per_step(engine, monkeypatch):

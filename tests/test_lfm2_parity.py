@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from shortconv import LLM, SamplingParams
 from shortconv.config import EngineConfig
-from shortconv.engine import LLMEngine
+from shortconv.llm import build_engine
 from shortconv.tools.make_tiny import make_tiny_checkpoint
 
 CONFIGS = {
@@ -97,7 +97,7 @@ def test_batched_parity(model_case, budget):
 
 def test_requests_join_mid_run(model_case):
     name, path, prompts, refs = model_case
-    eng = LLMEngine(path, dtype="float32", engine_config=EngineConfig(max_num_batched_tokens=24))
+    eng = build_engine(path, dtype="float32", engine_config=EngineConfig(max_num_batched_tokens=24))
     done: dict[str, list[int]] = {}
     ids: dict[str, int] = {}
     pending = list(range(len(prompts)))

@@ -10,8 +10,9 @@ from torch import nn
 
 from shortconv.config import EngineConfig, ModelConfig
 from shortconv.parallel import SINGLE
-from shortconv.runner import Capacity, ModelRunner
+from shortconv.runner import ModelRunner
 from shortconv.tools.make_tiny import make_tiny_checkpoint
+from shortconv.worker_spec import Capacity, WorkerSpec
 
 
 @pytest.mark.parametrize("arch", ["lfm2", "zaya1"])
@@ -29,15 +30,11 @@ def test_runner_allocates_weights_in_the_target_dtype(
 
     monkeypatch.setattr(nn.Module, "to", spy)
     cfg = ModelConfig.from_dir(path)
-    runner = ModelRunner(
-        path,
-        cfg,
-        EngineConfig(max_num_seqs=2),
-        Capacity(num_slots=3, num_pages=9),
-        torch.bfloat16,
-        torch.device("cpu"),
-        SINGLE,
+    cap = Capacity(num_slots=3, num_pages=9)
+    spec = WorkerSpec(
+        path, cfg, EngineConfig(max_num_seqs=2), cap, torch.bfloat16, torch.device("cpu"), 32
     )
+    runner = ModelRunner(spec, SINGLE)
     total = sum(n for _, n in seen)
     fp32 = sum(n for d, n in seen if d == torch.float32)
     assert total and fp32 / total < 0.05, (fp32, total)

@@ -20,6 +20,7 @@ from prom_server import PromServer, free_port, prometheus_binary
 
 from shortconv.config import EngineConfig
 from shortconv.engine import LLMEngine
+from shortconv.llm import build_engine
 from shortconv.metrics import serve_metrics
 from shortconv.sampling_params import SamplingParams
 from shortconv.tools.make_tiny import make_tiny_checkpoint
@@ -44,7 +45,7 @@ def tiny_lfm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_engine(path: str | Path) -> LLMEngine:
     cfg = EngineConfig(max_num_seqs=4, enable_graphs=True, graph_batch_sizes=(1, 2, 4),
                        graph_context_sizes=(CONTEXT_BUCKET,))  # fmt: skip
-    return LLMEngine(path, dtype="float32", engine_config=cfg)
+    return build_engine(path, dtype="float32", engine_config=cfg)
 
 
 def run_all(engine: LLMEngine) -> dict[str, Any]:

@@ -273,7 +273,7 @@ def test_model_root_cannot_be_escaped(tmp_path: Path) -> None:
 
 def test_checkpoint_code_is_never_run(tmp_path: Path) -> None:
     """auto_map + a Python file in the checkpoint: loaded with our own classes, file not run."""
-    from shortconv.engine import LLMEngine
+    from shortconv.llm import build_engine
     from shortconv.tools.make_tiny import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint("lfm2", tmp_path / "ckpt", seed=1)
@@ -286,7 +286,7 @@ def test_checkpoint_code_is_never_run(tmp_path: Path) -> None:
             "AutoTokenizer": ["evil.Evil", None],
         }
         (ckpt / name).write_text(json.dumps(cfg))
-    engine = LLMEngine(ckpt, dtype="float32")
+    engine = build_engine(ckpt, dtype="float32")
     try:
         assert engine.tokenizer is not None and not marker.exists()
     finally:

@@ -16,8 +16,11 @@ import pytest
 from deployments.async_engine import AsyncEngine
 from deployments.engine_types import EngineOverloaded
 from deployments.openai_api import ApiConfig, build_openai_app
+from shortconv.allocators import PageAllocator, SlotAllocator
 from shortconv.outputs import RequestOutput
 from shortconv.sampling_params import SamplingParams
+from shortconv.sessions import SessionStore
+from shortconv.stats import EngineStats
 
 MODEL = "fake-model"
 OFFSET = 4  # ids 0..3 are specials, like the byte tokenizer
@@ -47,6 +50,8 @@ class FakeEngine:
 
     def __init__(self, fail_after: int | None = None) -> None:
         self.tokenizer = FakeTokenizer()
+        self.metrics = None
+        self.sessions = SessionStore(SlotAllocator(4), PageAllocator(4))
         self.running: dict[str, RequestOutput] = {}
         self.params: dict[str, SamplingParams] = {}
         self.added: list[tuple[str, list[int], str | None]] = []
@@ -96,6 +101,19 @@ class FakeEngine:
                 self.running.pop(rid)
             outs.append(out)
         return outs
+
+    def stats(self) -> EngineStats:
+        n = len(self.running)
+        return EngineStats(("conv",), n, 4, 0, 4, n, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    def graph_stats(self) -> None:
+        return None
+
+    def refresh_metrics(self) -> None:
+        pass
+
+    def check_health(self) -> None:
+        pass
 
     def shutdown(self) -> None:
         pass

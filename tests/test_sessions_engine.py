@@ -6,6 +6,7 @@ import pytest
 
 from shortconv.config import EngineConfig
 from shortconv.engine import LLMEngine
+from shortconv.llm import build_engine
 from shortconv.sampling_params import SamplingParams
 from shortconv.tools.make_tiny import make_tiny_checkpoint
 
@@ -26,8 +27,8 @@ def run(eng: LLMEngine, prompt: list[int], session: str | None = None) -> tuple[
 
 
 def test_resume_from_generation_equals_recompute(ckpt):
-    eng = LLMEngine(ckpt, dtype="float32", engine_config=EngineConfig(max_num_batched_tokens=8))
-    ref = LLMEngine(ckpt, dtype="float32")
+    eng = build_engine(ckpt, dtype="float32", engine_config=EngineConfig(max_num_batched_tokens=8))
+    ref = build_engine(ckpt, dtype="float32")
     p1 = [5, 9, 13, 17, 21, 25, 29]
     out1, cached1 = run(eng, p1, "s")
     assert cached1 == 0
@@ -42,8 +43,8 @@ def test_resume_from_generation_equals_recompute(ckpt):
 
 
 def test_resume_from_prompt_checkpoint_when_answer_rerendered(ckpt):
-    eng = LLMEngine(ckpt, dtype="float32")
-    ref = LLMEngine(ckpt, dtype="float32")
+    eng = build_engine(ckpt, dtype="float32")
+    ref = build_engine(ckpt, dtype="float32")
     p1 = [5, 9, 13, 17, 21, 25, 29, 33, 37]
     out1, _ = run(eng, p1, "s")
     different_answer = [(t + 1) % 500 for t in out1]
@@ -54,8 +55,8 @@ def test_resume_from_prompt_checkpoint_when_answer_rerendered(ckpt):
 
 
 def test_mismatch_is_full_prefill_and_other_sessions_unaffected(ckpt):
-    eng = LLMEngine(ckpt, dtype="float32")
-    ref = LLMEngine(ckpt, dtype="float32")
+    eng = build_engine(ckpt, dtype="float32")
+    ref = build_engine(ckpt, dtype="float32")
     a1, _ = run(eng, [5, 6, 7, 8], "a")
     run(eng, [9, 10, 11], "b")
     out, cached = run(eng, [100, 101, 102], "a")
@@ -67,8 +68,8 @@ def test_mismatch_is_full_prefill_and_other_sessions_unaffected(ckpt):
 
 def test_lru_eviction_under_slot_pressure_and_release(ckpt):
     cfg = EngineConfig(max_num_seqs=2, num_state_slots=5, max_num_batched_tokens=64)
-    eng = LLMEngine(ckpt, dtype="float32", engine_config=cfg)
-    ref = LLMEngine(ckpt, dtype="float32")
+    eng = build_engine(ckpt, dtype="float32", engine_config=cfg)
+    ref = build_engine(ckpt, dtype="float32")
     sched = eng.scheduler
     for i in range(6):  # far more sessions than spare slots: older ones are evicted
         out, _ = run(eng, [5 + i, 6, 7, 8], f"s{i}")
@@ -85,7 +86,7 @@ def test_lru_eviction_under_slot_pressure_and_release(ckpt):
 
 
 def test_stats_track_occupancy_and_return_to_idle(ckpt):
-    eng = LLMEngine(ckpt, dtype="float32")
+    eng = build_engine(ckpt, dtype="float32")
     idle = eng.stats()
     assert idle.slots_used == 0 and idle.kv_pages_used == 0 and idle.pools[0] == "conv"
     eng.add_request([5, 6, 7], G, session_id="x")
@@ -107,7 +108,7 @@ def test_stats_track_occupancy_and_return_to_idle(ckpt):
 
 
 def test_waiting_request_counts_one_session_miss(ckpt):
-    eng = LLMEngine(ckpt, dtype="float32", engine_config=EngineConfig(max_num_seqs=1))
+    eng = build_engine(ckpt, dtype="float32", engine_config=EngineConfig(max_num_seqs=1))
     eng.add_request([5, 6, 7], G)
     eng.add_request([8, 9], G, session_id="new")  # waits behind the first for several steps
     while eng.has_unfinished():

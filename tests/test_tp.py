@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -20,12 +20,13 @@ ray = pytest.importorskip("ray")
 
 from oracle import NEAR_TIE  # noqa: E402
 
-from shortconv.config import EngineConfig, ModelConfig  # noqa: E402
-from shortconv.engine import LLMEngine, plan_capacity  # noqa: E402
+from shortconv.config import EngineConfig  # noqa: E402
+from shortconv.engine import LLMEngine  # noqa: E402
 from shortconv.outputs import RequestOutput  # noqa: E402
 from shortconv.plan import StepPlan, StepResult  # noqa: E402
 from shortconv.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tools.make_tiny import make_tiny_checkpoint  # noqa: E402
+from shortconv.worker_spec import WorkerSpec, plan_worker_spec  # noqa: E402
 from workers.local_executor import LocalExecutor  # noqa: E402
 from workers.ray_executor import RayExecutor  # noqa: E402
 
@@ -69,11 +70,12 @@ class Pair:
     ckpt: Path
     tp1: LocalExecutor
     tp2: RayExecutor
+    spec: WorkerSpec
 
     def engine(self, tp: int, max_num_batched_tokens: int = 512) -> LLMEngine:
         ex = self.tp1 if tp == 1 else self.tp2
         eng = engine_config(max_num_batched_tokens)
-        return LLMEngine(self.ckpt, dtype="float32", engine_config=eng, executor=ex)
+        return LLMEngine(replace(self.spec, engine_cfg=eng), ex)
 
 
 @pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "zaya1"])
@@ -87,12 +89,10 @@ def pair(request, ray_runtime, tmp_path_factory):
     ckpt = make_tiny_checkpoint(
         arch, tmp_path_factory.mktemp(arch), OVERRIDES.get(arch), seed=7, with_tokenizer=False
     )
-    cfg = ModelConfig.from_dir(ckpt)
-    cap = plan_capacity(cfg, engine_config(), cfg.max_model_len, torch.float32)
-    args = (ckpt, cfg, engine_config(), cap, torch.float32, torch.device("cpu"))
-    tp1 = LocalExecutor(*args)
-    tp2 = RayExecutor(*args, tp_size=2)
-    yield Pair(arch, ckpt, tp1, tp2)
+    spec = plan_worker_spec(ckpt, engine_config(), "float32")
+    tp1 = LocalExecutor(spec)
+    tp2 = RayExecutor(spec, tp_size=2)
+    yield Pair(arch, ckpt, tp1, tp2, spec)
     tp2.shutdown()
     tp1.shutdown()
 

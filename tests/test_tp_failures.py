@@ -11,18 +11,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 ray = pytest.importorskip("ray")
 
-from shortconv.config import CheckpointError, ConfigError, EngineConfig, ModelConfig  # noqa: E402
-from shortconv.engine import LLMEngine, plan_capacity  # noqa: E402
+from shortconv.config import CheckpointError, ConfigError, EngineConfig  # noqa: E402
+from shortconv.engine import LLMEngine  # noqa: E402
 from shortconv.executor import ExecutorError  # noqa: E402
 from shortconv.llm import LLM  # noqa: E402
 from shortconv.plan import SeqChunk, StepPlan, StepResult  # noqa: E402
 from shortconv.sampler import SamplingRow  # noqa: E402
 from shortconv.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tools.make_tiny import make_tiny_checkpoint  # noqa: E402
+from shortconv.worker_spec import plan_worker_spec  # noqa: E402
 from workers.ray_executor import RayExecutor  # noqa: E402
 from workers.ray_runtime import acquire_runtime, release_runtime  # noqa: E402
 
@@ -155,11 +155,9 @@ def test_actor_dispatch_rank0_death_and_idle_death_found_by_health_check(ckpt):
     owned = acquire_runtime(num_cpus=2)
     try:
         eng_cfg = EngineConfig(**SMALL)
-        cfg = ModelConfig.from_dir(ckpt)
-        cap = plan_capacity(cfg, eng_cfg, cfg.max_model_len, torch.float32)
-        args = (ckpt, cfg, eng_cfg, cap, torch.float32, torch.device("cpu"))
-        executor = RayExecutor(*args, tp_size=2, dispatch="actor")
-        engine = LLMEngine(ckpt, dtype="float32", engine_config=eng_cfg, executor=executor)
+        spec = plan_worker_spec(ckpt, eng_cfg, "float32")
+        executor = RayExecutor(spec, tp_size=2, dispatch="actor")
+        engine = LLMEngine(spec, executor)
         _kill_at_step(engine, rank=0, nth=3)
         for p in PROMPTS:
             engine.add_request(p, GREEDY)
@@ -172,7 +170,7 @@ def test_actor_dispatch_rank0_death_and_idle_death_found_by_health_check(ckpt):
             executor.check_health()
         engine.shutdown()
 
-        idle = RayExecutor(*args, tp_size=2)
+        idle = RayExecutor(spec, tp_size=2)
         idle.check_health()
         ray.kill(idle.workers[1])
         t0 = time.monotonic()

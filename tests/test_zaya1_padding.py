@@ -17,10 +17,10 @@ from shortconv.kernels.cca_ref import (
     cca_prev_value_update_ref,
 )
 from shortconv.plan import SeqChunk, StepPlan
-from shortconv.runner import Capacity
 from shortconv.sampler import SamplingRow
 from shortconv.sampling_params import SamplingParams
 from shortconv.tools.make_tiny import build_hf_model
+from shortconv.worker_spec import Capacity, WorkerSpec
 from workers.local_executor import LocalExecutor
 
 N_SLOTS = 10
@@ -163,14 +163,10 @@ def runner(tmp_path_factory):
         num_state_slots=NUM_SLOTS,
         enable_graphs=False,
     )
-    return LocalExecutor(
-        path,
-        ModelConfig.from_dir(path),
-        eng,
-        Capacity(NUM_SLOTS, NUM_PAGES),
-        torch.float32,
-        torch.device("cpu"),
-    ).runner
+    cfg = ModelConfig.from_dir(path)
+    cap, cpu = Capacity(NUM_SLOTS, NUM_PAGES), torch.device("cpu")
+    spec = WorkerSpec(path, cfg, eng, cap, torch.float32, cpu, cfg.max_model_len)
+    return LocalExecutor(spec).runner
 
 
 def _run(runner, seqs: list[SeqChunk]) -> torch.Tensor:

@@ -19,13 +19,13 @@ from transformers import GenerationConfig
 
 from shortconv import LLM, SamplingParams
 from shortconv.config import EngineConfig, ModelConfig
-from shortconv.engine import LLMEngine
 from shortconv.layers.zaya_moe import ZayaRouter
+from shortconv.llm import build_engine
 from shortconv.outputs import RequestOutput
 from shortconv.plan import SeqChunk, StepPlan
-from shortconv.runner import Capacity
 from shortconv.sampler import SamplingRow
 from shortconv.tools.make_tiny import build_hf_model
+from shortconv.worker_spec import Capacity, WorkerSpec
 from workers.local_executor import LocalExecutor
 
 CONFIGS: dict[str, dict] = {
@@ -159,7 +159,7 @@ def test_batched_chunked_prefill_matches_oracle(case: Case) -> None:
 
 
 def test_requests_joining_mid_run(case: Case) -> None:
-    eng = LLMEngine(
+    eng = build_engine(
         case.path,
         dtype="float32",
         engine_config=EngineConfig(max_num_batched_tokens=12, max_num_seqs=8),
@@ -248,9 +248,10 @@ def _decode(runner, rid: str, slot: int, page0: int, tokens: list[int], n: int):
 @pytest.mark.parametrize("case", ["base"], indirect=True)
 def test_resume_from_retained_state_equals_full_recompute(case: Case) -> None:
     eng = EngineConfig(max_num_seqs=8, kv_page_size=PAGE, num_kv_pages=80, num_state_slots=10)
-    runner = LocalExecutor(
-        case.path, case.cfg, eng, Capacity(10, 80), torch.float32, torch.device("cpu")
-    ).runner
+    spec = WorkerSpec(
+        case.path, case.cfg, eng, Capacity(10, 80), torch.float32, torch.device("cpu"), 64
+    )
+    runner = LocalExecutor(spec).runner
     rng = random.Random(3)
     p1 = [rng.randrange(3, 512) for _ in range(11)]
     other = [rng.randrange(3, 512) for _ in range(9)]

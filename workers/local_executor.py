@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
-import torch
-
-from shortconv.config import EngineConfig, ModelConfig
 from shortconv.executor import BaseExecutor, ExecutorError
+from shortconv.graph_runner import GraphStats
 from shortconv.parallel import SINGLE
 from shortconv.plan import StepPlan, StepResult
-from shortconv.runner import Capacity, ModelRunner
+from shortconv.runner import ModelRunner
+from shortconv.worker_spec import WorkerSpec
 
 
 class LocalExecutor(BaseExecutor):
     tp_size = 1
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        model_cfg: ModelConfig,
-        engine_cfg: EngineConfig,
-        capacity: Capacity,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        self.runner: ModelRunner | None = ModelRunner(
-            model_dir, model_cfg, engine_cfg, capacity, dtype, device, SINGLE
-        )
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.runner: ModelRunner | None = ModelRunner(spec, SINGLE)
 
     def execute(self, plan: StepPlan) -> StepResult:
         if self.runner is None:
@@ -45,3 +34,14 @@ class LocalExecutor(BaseExecutor):
 
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         return [self.runner.state_shapes()] if self.runner else []
+
+    def graph_stats(self) -> GraphStats | None:
+        graphs = self.runner.graphs if self.runner is not None else None
+        return graphs.stats() if graphs is not None else None
+
+    def set_graph_fault_hook(self, hook: Callable[[str], None]) -> bool:
+        graphs = self.runner.graphs if self.runner is not None else None
+        if graphs is None:
+            return False
+        graphs.fault_hook = hook
+        return True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -17,8 +16,8 @@ from shortconv.executor import BaseExecutor, ExecutorError
 from shortconv.models.registry import model_class
 from shortconv.parallel import ParallelContext
 from shortconv.plan import StepPlan, StepResult
-from shortconv.runner import Capacity
 from shortconv.support import check_support
+from shortconv.worker_spec import WorkerSpec
 from workers.ray_runtime import acquire_runtime, release_runtime
 from workers.step_dispatch import (
     ActorCallDispatch,
@@ -78,12 +77,7 @@ class RayExecutor(BaseExecutor):
 
     def __init__(
         self,
-        model_dir: str | Path,
-        model_cfg: ModelConfig,
-        engine_cfg: EngineConfig,
-        capacity: Capacity,
-        dtype: torch.dtype,
-        device: torch.device,
+        spec: WorkerSpec,
         tp_size: int = 2,
         *,
         dispatch: str = "compiled",
@@ -92,8 +86,8 @@ class RayExecutor(BaseExecutor):
         start_timeout_s: float = 300.0,
     ) -> None:
         # NOTE: every refusal happens before Ray is touched, so a bad tp_size costs nothing.
-        check_support(model_cfg, device, tp_size)
-        check_tp_shards(model_cfg, engine_cfg, tp_size)
+        check_support(spec.model_cfg, spec.device, tp_size)
+        check_tp_shards(spec.model_cfg, spec.engine_cfg, tp_size)
         if dispatch not in ("actor", "compiled"):
             raise ConfigError(f"dispatch must be 'actor' or 'compiled', got {dispatch!r}")
         self.tp_size = tp_size
@@ -106,8 +100,8 @@ class RayExecutor(BaseExecutor):
         self._closed = False
         self._owns_runtime = acquire_runtime(num_cpus=tp_size * num_cpus_per_worker)
         try:
-            self._start(device.type, num_cpus_per_worker)
-            self._setup_workers(model_dir, model_cfg, engine_cfg, capacity, dtype, device.type)
+            self._start(spec.device.type, num_cpus_per_worker)
+            self._setup_workers(spec)
             cls = CompiledGraphDispatch if dispatch == "compiled" else ActorCallDispatch
             self._dispatch = cls(self.workers, step_timeout_s)
         except BaseException:
@@ -139,34 +133,14 @@ class RayExecutor(BaseExecutor):
             worker = actor_cls.options(name=None, max_restarts=0, **opts).remote(rank, self.tp_size)
             self.workers.append(worker)
 
-    def _setup_workers(
-        self,
-        model_dir: str | Path,
-        model_cfg: ModelConfig,
-        engine_cfg: EngineConfig,
-        capacity: Capacity,
-        dtype: torch.dtype,
-        device_type: str,
-    ) -> None:
+    def _setup_workers(self, spec: WorkerSpec) -> None:
         init_method = self._get(
             self.workers[0].rendezvous_address.remote(),
             self.start_timeout_s,
             "rank 0 never started",
         )
         # NOTE: collectives get the step timeout, so a rank whose peer vanished gives up too.
-        refs = [
-            w.setup.remote(
-                init_method,
-                str(model_dir),
-                model_cfg,
-                engine_cfg,
-                capacity,
-                dtype,
-                device_type,
-                self.step_timeout_s,
-            )
-            for w in self.workers
-        ]
+        refs = [w.setup.remote(init_method, spec, self.step_timeout_s) for w in self.workers]
         self._get(refs, self.start_timeout_s, "TP workers did not finish loading")
         log.info("TP group of %d ranks ready at %s", self.tp_size, init_method)
 

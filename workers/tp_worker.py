@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from pathlib import Path
+from dataclasses import replace
 
 import ray
-import torch
 import torch.distributed as dist
 
-from shortconv.config import EngineConfig, ModelConfig
 from shortconv.parallel import ParallelContext
 from shortconv.plan import StepPlan, StepResult
-from shortconv.runner import Capacity, ModelRunner
+from shortconv.runner import ModelRunner
+from shortconv.worker_spec import WorkerSpec
 from workers.dist_init import destroy_distributed, free_port, init_distributed, local_device
 
 # Per-step compute times kept for benchmarks; bounded so a long-running server never grows it.
@@ -35,21 +34,12 @@ class TPWorker:
         """tcp:// address on this node for the group's store (called on rank 0 only)."""
         return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
 
-    def setup(
-        self,
-        init_method: str,
-        model_dir: str | Path,
-        model_cfg: ModelConfig,
-        engine_cfg: EngineConfig,
-        capacity: Capacity,
-        dtype: torch.dtype,
-        device_type: str,
-        timeout_s: float,
-    ) -> None:
-        device = local_device(device_type)
-        init_distributed(init_method, self.rank, self.world_size, device_type, timeout_s)
+    def setup(self, init_method: str, spec: WorkerSpec, timeout_s: float) -> None:
+        # NOTE: the spec names a device type; this actor's own device of that type is local.
+        device = local_device(spec.device.type)
+        init_distributed(init_method, self.rank, self.world_size, device.type, timeout_s)
         tp = ParallelContext(self.rank, self.world_size, dist.group.WORLD)
-        self.runner = ModelRunner(model_dir, model_cfg, engine_cfg, capacity, dtype, device, tp)
+        self.runner = ModelRunner(replace(spec, device=device), tp)
 
     def execute(self, plan: StepPlan) -> StepResult | None:
         runner = self._ready()

@@ -117,8 +117,11 @@ def test_standalone_exporter_scraped_by_prometheus(tiny_lfm2: Path, tmp_path: Pa
             cached = session_turns(engine)
             failure_traffic(engine)
             n = len(PROMPTS) + 4
-            prom.wait_value("shortconv_time_to_first_token_seconds_count", lambda v: v == n)
-            assert prom.value('shortconv_request_success_total{finished_reason="length"}') == n
+            # NOTE: wait on what moves last: a scrape taken while the long request still ran
+            # already shows every first token, but not its finish.
+            done = 'shortconv_request_success_total{finished_reason="length"}'
+            prom.wait_value(done, lambda v: v == n)
+            assert prom.value("shortconv_time_to_first_token_seconds_count") == n
             assert prom.value("shortconv_session_cache_hits_total") == 1
             assert prom.value("shortconv_prefix_cached_tokens_total") == cached
             assert prom.value("shortconv_sessions_held") == 1

@@ -2,8 +2,11 @@
 
 Rendering uses helm-python-sdk (Helm's own template engine and values-schema check, no helm
 binary, no cluster). Built-in kinds are validated with kubernetes-validate's bundled schemas;
-custom resources against the upstream CRDs in shared/schemas, tightened so that unknown fields
-fail the way strict field validation does on a real API server (see shared/schemas/README.md).
+custom resources against the upstream CRD files (kuberay v1.7.0, prometheus-operator v0.93.0,
+verbatim copies too large to vendor), read from `shared/schemas` next to the clone (CI puts them
+there; the tests that need them skip without). The CRD schemas are tightened so that unknown
+fields fail the way strict field validation does on a real API server, after nulls are dropped
+and defaults filled in as the API server does (`apply_server_defaults`).
 """
 
 from __future__ import annotations

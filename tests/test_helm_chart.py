@@ -52,7 +52,7 @@ def test_builtin_kinds_validate_strictly(case: str) -> None:
 @pytest.mark.parametrize("case", hu.CASES)
 def test_custom_resources_validate_against_crds(case: str) -> None:
     if not hu.SCHEMAS_DIR.is_dir():
-        pytest.skip(f"CRD schemas not found at {hu.SCHEMAS_DIR} (shared/ beside the repository)")
+        pytest.skip(f"CRD schemas not found at {hu.SCHEMAS_DIR} (shared/schemas next to the clone)")
     customs = [d for d in hu.rendered(case) if hu.is_custom_resource(d)]
     assert any(d["kind"] == "RayService" for d in customs)
     for doc in customs:
@@ -66,7 +66,7 @@ def test_validators_reject_unknown_and_missing_fields() -> None:
     with pytest.raises(Exception, match="selectors"):
         hu.validate_builtin(svc)
     if not hu.SCHEMAS_DIR.is_dir():
-        pytest.skip(f"CRD schemas not found at {hu.SCHEMAS_DIR} (shared/ beside the repository)")
+        pytest.skip(f"CRD schemas not found at {hu.SCHEMAS_DIR} (shared/schemas next to the clone)")
 
     def rayservice() -> dict[str, Any]:
         return hu.one(hu.rendered("default"), "RayService")

@@ -109,7 +109,7 @@ def bench_model(
         @torch.inference_mode()
         def eager(plan: StepPlan = plan) -> None:
             step = stack.backend.begin_step(plan)
-            stack.model(step.input_ids, step.positions, stack.backend)
+            stack.model(step.input_ids, stack.backend)
 
         t_eager = _time(eager, iters, sync)
         t_graph = _time(lambda plan=plan: graphs.run(plan), iters, sync)

@@ -86,6 +86,49 @@ def test_zaya1_cca_head_split_is_refused_before_any_actor(tmp_path):
     assert ray.is_initialized() == was_up
 
 
+class _FailsToBuild:
+    """A model class whose construction raises `error` (set per test)."""
+
+    error: Exception = NotImplementedError("an op with no meta kernel")
+
+    def __init__(self, *args: object) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "message"),
+    [
+        pytest.param(
+            NotImplementedError("an op with no meta kernel"),
+            RuntimeError,
+            "pre-flight check of lfm2 could not run: .* NotImplementedError: an op with no meta",
+            id="cannot-run",
+        ),
+        pytest.param(
+            ValueError("tp_size=2 does not divide widgets = 3"),
+            ConfigError,
+            "lfm2: tp_size=2 does not divide widgets = 3",
+            id="bad-split",
+        ),
+    ],
+)
+def test_tp_shard_preflight_never_passes_silently(ckpt, monkeypatch, error, expected, message):
+    """The meta dry run either passes or refuses: a model that cannot be built there is an
+    error (not a skipped check), raised before Ray is touched."""
+    import workers.ray_executor as rx
+
+    monkeypatch.setattr(_FailsToBuild, "error", error)
+    monkeypatch.setattr(rx, "model_class", lambda arch: _FailsToBuild)
+    spec = plan_worker_spec(ckpt, EngineConfig(**SMALL), "float32")
+    with pytest.raises(expected, match=message) as info:
+        rx.check_tp_shards(spec.model_cfg, spec.engine_cfg, 2)
+    assert info.type is expected
+    was_up = ray.is_initialized()
+    with pytest.raises(expected, match=message):
+        RayExecutor(spec, tp_size=2)
+    assert ray.is_initialized() == was_up
+
+
 def _live_placement_groups() -> int:
     return sum(1 for pg in ray.util.placement_group_table().values() if pg["state"] != "REMOVED")
 

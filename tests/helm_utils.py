@@ -91,8 +91,7 @@ def gpu(tp_size: int, **extra: Any) -> dict[str, Any]:
 
 
 def replicas(lo: int, hi: int) -> dict[str, Any]:
-    scaling = {"min_replicas": lo, "max_replicas": hi, "target_ongoing_requests": 8}
-    return {"serve": {"deployment": {"name": "LLMServer", "autoscaling_config": scaling}}}
+    return {"serve": {"args": {"min_replicas": lo, "max_replicas": hi}}}
 
 
 def volume(kind: str, **spec: Any) -> dict[str, Any]:
@@ -255,7 +254,7 @@ def values_from_serve_yaml(path: Path) -> dict[str, Any]:
     """Chart values that describe the (single) application of a `serve run` config file."""
     config = yaml.safe_load(path.read_text())
     (app,) = config["applications"]
-    (deployment,) = app["deployments"]
+    (deployment,) = app.get("deployments", [{}])  # none: every Serve option is derived
     return {
         "serve": {
             "appName": app["name"],

@@ -93,14 +93,13 @@ def _cluster(case: str) -> dict[str, Any]:
 def test_worker_group_holds_one_replica_per_pod(case: str) -> None:
     cluster, vals = _cluster(case), hu.effective(case)
     args, workers = vals["serve"]["args"], vals["workers"]
-    scaling = vals["serve"]["deployment"]["autoscaling_config"]
     assert cluster["enableInTreeAutoscaling"] is vals["autoscaler"]["enabled"]
     # Replicas and TP workers never land on the head.
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     assert "nvidia.com/gpu" not in json.dumps(cluster["headGroupSpec"])
     (group,) = cluster["workerGroupSpecs"]
-    lo = scaling["min_replicas"] if workers.get("minReplicas") is None else workers["minReplicas"]
-    hi = scaling["max_replicas"] if workers.get("maxReplicas") is None else workers["maxReplicas"]
+    lo = args["min_replicas"] if workers.get("minReplicas") is None else workers["minReplicas"]
+    hi = args["max_replicas"] if workers.get("maxReplicas") is None else workers["maxReplicas"]
     assert (group["minReplicas"], group["maxReplicas"]) == (lo, hi)
     (worker,) = group["template"]["spec"]["containers"]
     gpus = args["tp_size"] if args["device"] == "cuda" else None
@@ -187,7 +186,9 @@ def test_serve_config_is_a_valid_serve_config(case: str) -> None:
     vals = hu.effective(case)
     (app,) = config["applications"]
     assert hu.drop_nulls(app["args"]) == hu.drop_nulls(vals["serve"]["args"])
-    assert app["deployments"] == [vals["serve"]["deployment"]]
+    overrides = vals["serve"].get("deployment")
+    # The Serve options are derived from the args; an entry appears only to override some.
+    assert app.get("deployments") == ([{"name": "LLMServer", **overrides}] if overrides else None)
     assert config["http_options"] == {"host": "0.0.0.0", "port": vals["service"]["port"]}
     hu.validate_with_ray(config)
 

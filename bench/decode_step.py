@@ -11,7 +11,7 @@ and pages. "eager" is the engine's eager step (resolve the plan, run the model);
 GraphRunner.run (refresh the static buffers, snapshot the step's state, replay). Neither
 includes the LM head, which both paths run the same way. On CPU a "replay" is the same forward
 on padded static buffers, so the ratio there only shows the protocol's overhead.
-Issue target: graph replay >= 3x faster than eager at batch 1 for the LFM2-350M shape.
+Target: graph replay >= 3x faster than eager at batch 1 for the LFM2-350M shape.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def bench_model(
         @torch.inference_mode()
         def eager(plan: StepPlan = plan) -> None:
             step = stack.backend.begin_step(plan)
-            stack.model(step.input_ids, step.positions, stack.backend)
+            stack.model(step.input_ids, stack.backend)
 
         t_eager = _time(eager, iters, sync)
         t_graph = _time(lambda plan=plan: graphs.run(plan), iters, sync)

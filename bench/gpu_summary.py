@@ -1,4 +1,4 @@
-"""The GPU check's final table: each issue target, the measured value, pass/fail.
+"""The GPU check's final table: each target, the measured value, pass/fail.
 
     python bench/gpu_summary.py LOGS_DIR stage=status ...   # prints the table, appends it to
                                                            # LOGS_DIR/summary.md

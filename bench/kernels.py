@@ -12,7 +12,7 @@ medians on GPU. On CPU the interpreter is orders of magnitude slower than any re
 quick run proves the harness works, its ratios mean nothing. Attention and MoE are checked
 against plain fp32 oracles (bench/kernel_cases.py) at a small case before they are timed; a
 section whose kernel module is missing or fails is reported as such and the others still run.
-Issue target: attention decode at the largest batch x context >= 0.70 of copy bandwidth.
+Target: attention decode at the largest batch x context >= 0.70 of copy bandwidth.
 """
 
 from __future__ import annotations

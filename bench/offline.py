@@ -27,7 +27,7 @@ Workloads (`--quick` shrinks every size):
      whole conversation (all 64 left-padded in one `generate` call per turn).
 Each side builds its next turn from its own replies; lengths, hence work, are identical.
 
-Issue target (GPU): workload b in bf16, ours >= 5x transformers. The random checkpoint is
+Target (GPU): workload b in bf16, ours >= 5x transformers. The random checkpoint is
 written by transformers; where the installed transformers lacks the architecture (ZAYA's
 `zaya` on an older pin), no checkpoint can be written, so the run says so and exits 0 (ZAYA1's
 kernels are then compared with our torch reference by tests/gpu/test_gpu_cca.py instead).

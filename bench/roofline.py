@@ -10,7 +10,7 @@ context L = max(FLOPs / peak FLOP/s, bytes / bandwidth), where FLOPs count every
 (LM head included), attention scores and values, and the short conv, and bytes count every
 weight read once plus the KV read and written and the conv state read and written; (3) the
 engine's achieved time per decode step (whole `LLMEngine.step()`, and its model forward + LM
-head alone), after prefilling B requests of L tokens. Achieved / floor >= 1; the issue's target
+head alone), after prefilling B requests of L tokens. Achieved / floor >= 1; the target
 is floor / achieved >= 60% at batch 32. Peaks are measured right before and after the decode
 runs and the higher is used, so load from other processes lowers the peak less than the step.
 """

@@ -1,8 +1,9 @@
 """The application builder: `import_path: deployments.app:build` in deployments/*.yaml.
 
 `build(args)` validates the YAML `args:` block (AppArgs) and binds one LLMServer deployment.
-The options set here are the defaults for `serve.run(build(...))` from Python; a YAML
-`deployments:` entry for LLMServer overrides them field by field (Serve's rule).
+Every Serve option is decided here, once, from the args. A YAML `deployments:` entry for
+LLMServer overrides them option by option (Serve's rule; a dict option such as
+`autoscaling_config` is replaced whole, so the replica bounds are args, not an override).
 """
 
 from __future__ import annotations
@@ -44,15 +45,17 @@ def deployment_options(args: AppArgs) -> dict[str, Any]:
     """Serve options for LLMServer: resources and placement, batching-sized concurrency,
     autoscaling, health checks and the session-affinity router.
 
-    NOTE: every size here is derived from the args (`max_num_seqs`, `max_waiting_requests`);
-    the YAMLs set a deployment option only to mean something else than these defaults."""
+    NOTE: every size here is derived from the args (`max_num_seqs`, `max_waiting_requests`,
+    `min_replicas`, `max_replicas`); the YAMLs set a deployment option only to mean something
+    else than these defaults."""
     opts: dict[str, Any] = {
         # One admission limit: Serve's per-replica cap sits just above the engine's, so a full
         # replica answers 503 itself rather than Serve queueing without telling anyone.
         "max_ongoing_requests": args.admission_limit + ADMISSION_HEADROOM,
         "autoscaling_config": {
-            "min_replicas": 1,
-            "max_replicas": 2,
+            "min_replicas": args.min_replicas,
+            "max_replicas": args.max_replicas,
+            # Add replicas once they average half a batch of requests each.
             "target_ongoing_requests": max(1, args.max_num_seqs // 2),
         },
         # Bounded waiting at each proxy too: past it Serve itself answers 503 + Retry-After, so

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 BatchSize = Annotated[int, Field(ge=1)]
 
@@ -26,6 +26,9 @@ class AppArgs(BaseModel):
     the Serve options derived from it).
     `prepack_cpu_weights` (CPU, fp32) keeps a oneDNN-blocked copy of each large linear weight,
     faster from 8 rows per step up, at the cost of about the weights' size again in memory.
+    `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
+    Serve options (the autoscaling target, concurrency caps) are derived from these args in
+    deployments/app.py, so a YAML sets a `deployments:` entry only to override one of them.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -51,6 +54,17 @@ class AppArgs(BaseModel):
     enable_graphs: bool | None = None  # None: on for CUDA, off for CPU (the engine default)
     graph_batch_sizes: Annotated[list[BatchSize], Field(min_length=1)] | None = None
     prepack_cpu_weights: bool = True
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> AppArgs:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must not exceed max_replicas "
+                f"({self.max_replicas})"
+            )
+        return self
 
     @property
     def admission_limit(self) -> int:

@@ -50,9 +50,6 @@ class SlotAllocator:
         self._used.remove(slot)
         self._free.append(slot)
 
-    def is_used(self, slot: int) -> bool:
-        return slot in self._used
-
 
 class PageAllocator:
     """Reference-counted KV pages 1..num_pages-1; page 0 is the scratch page.

@@ -208,7 +208,7 @@ class GraphRunner:
         self.buffers.derive(shape)
         self.backend.bind(step)
         with self.static_shapes():
-            return self.model(step.input_ids, step.positions, self.backend)
+            return self.model(step.input_ids, self.backend)
 
     @contextmanager
     def static_shapes(self) -> Iterator[None]:
@@ -253,7 +253,7 @@ class GraphRunner:
     def _eager(self, plan: StepPlan, reason: str) -> DecodeOutput:
         self._fallbacks[reason] += 1
         step = self.backend.begin_step(plan)
-        hidden = self.model(step.input_ids, step.positions, self.backend)
+        hidden = self.model(step.input_ids, self.backend)
         return DecodeOutput(hidden[step.logits_indices], False)
 
     def _hook(self, phase: str) -> None:

@@ -52,11 +52,3 @@ def iter_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]
             if isinstance(exc, CheckpointError):
                 raise
             raise CheckpointError(f"cannot read {path.name}: {exc}") from exc
-
-
-def checkpoint_keys(model_dir: str | Path) -> list[str]:
-    keys: list[str] = []
-    for path in checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            keys.extend(f.keys())
-    return keys

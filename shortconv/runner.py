@@ -66,7 +66,7 @@ class ModelRunner:
             hidden_rows, used_graph = decoded.hidden, decoded.used_graph
         else:
             step = self.backend.begin_step(plan)
-            hidden = self.model(step.input_ids, step.positions, self.backend)
+            hidden = self.model(step.input_ids, self.backend)
             # A decode step samples every row: skip the identity gather.
             every = step.is_decode and step.logits_indices.numel() == step.num_tokens
             hidden_rows = hidden if every else hidden[step.logits_indices]

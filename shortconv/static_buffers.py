@@ -11,7 +11,7 @@ as an eager step, but at addresses that never change. They split in two:
   calls `derive` INSIDE the captured region, so every replay rebuilds them from what `refresh`
   just wrote: no derived buffer can be left stale (or uninitialised) by a replay.
 
-Padding contract (DESIGN.md): rows past the plan's sequences are scratch rows: token 0,
+Padding contract (docs/architecture.md): rows past the plan's sequences are scratch rows: token 0,
 position 0, slot 0, an all-zero block table (page 0). Their KV write and conv/prev state
 update land in the scratch slot and page; they attend to position 0 only, so softmax never sees
 an all-masked row. Context columns past a row's length gather page-0 row 0 and are masked.

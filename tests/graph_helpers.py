@@ -122,7 +122,7 @@ def eager_padded_hidden(
 ) -> torch.Tensor:
     step = padded_step(runner, plan, batch, context)
     runner.backend.bind(step)
-    hidden = runner.model(step.input_ids, step.positions, runner.backend)
+    hidden = runner.model(step.input_ids, runner.backend)
     return hidden[: len(plan.seqs)].clone()
 
 
@@ -153,7 +153,7 @@ def live_part(snap: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 @torch.inference_mode()
 def eager_hidden(runner: ModelRunner, plan: StepPlan, rows: int) -> torch.Tensor:
     step = runner.backend.begin_step(plan)
-    return runner.model(step.input_ids, step.positions, runner.backend)[:rows].clone()
+    return runner.model(step.input_ids, runner.backend)[:rows].clone()
 
 
 def garbage_fill(g: GraphRunner, seed: int = 0) -> None:

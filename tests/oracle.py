@@ -1,4 +1,4 @@
-"""Ground truth: transformers' greedy decode, with the near-tie rule of DESIGN.md.
+"""Ground truth: transformers' greedy decode, with the near-tie rule (docs/architecture.md).
 
 A divergence from the oracle is accepted only where the oracle's top-2 logit margin at that
 position is below NEAR_TIE (fp32); the sequence is not compared past it.

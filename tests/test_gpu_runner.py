@@ -35,7 +35,7 @@ def test_every_gpu_module_imports_without_pytest() -> None:
 def test_marks_params_skips_and_failures(tmp_path: Path) -> None:
     (tmp_path / "test_fake.py").write_text(
         "import pytest\n"
-        "pytestmark = pytest.mark.slow\n"
+        "pytestmark = pytest.mark.unrelated_mark\n"
         "@pytest.mark.parametrize('a,b', [(1, 2), pytest.param(3, 4, marks=pytest.mark.skipif("
         "True, reason='param skip'))])\n"
         "def test_add(a, b):\n    assert a + 1 == b\n"

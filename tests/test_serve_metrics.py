@@ -1,4 +1,4 @@
-"""The metrics issue's acceptance test: the real service, scraped by a real Prometheus.
+"""The metrics acceptance test: the real service, scraped by a real Prometheus.
 
 One LLMServer replica (tiny LFM2, decode graphs on with batch buckets [1, 2], one forced replay
 failure through the SHORTCONV_TEST_FAIL_REPLAYS hook) runs under `serve.run` on a private Ray

@@ -20,7 +20,13 @@ from ray.serve._private.common import (
 from ray.serve.request_router import PendingRequest
 
 from deployments import model_source
-from deployments.app import AppArgsError, build, deployment_options, parse_args
+from deployments.app import (
+    ADMISSION_HEADROOM,
+    AppArgsError,
+    build,
+    deployment_options,
+    parse_args,
+)
 from deployments.router import SessionAffinityRouter
 
 DEP = DeploymentID(name="LLMServer", app_name="app")
@@ -135,7 +141,25 @@ def test_options_place_tp_workers_in_the_replica_group() -> None:
     assert opts["ray_actor_options"] == {"num_cpus": 1}  # fits in bundle 0, holds no GPU
     one = deployment_options(parse_args({"device": "cuda"}))
     assert "placement_group_bundles" not in one and one["ray_actor_options"]["num_gpus"] == 1
-    assert one["max_ongoing_requests"] == 64
+    assert one["max_ongoing_requests"] == 32 + 32 + ADMISSION_HEADROOM  # the admission limit
+
+
+def test_serve_options_follow_the_args() -> None:
+    """Every size in the Serve options is derived from the args: a YAML that changes
+    max_num_seqs or the replica bounds needs no hand-derived deployment option."""
+    args = parse_args({"max_num_seqs": 64, "min_replicas": 0, "max_replicas": 5})
+    opts = deployment_options(args)
+    assert opts["autoscaling_config"] == {
+        "min_replicas": 0,
+        "max_replicas": 5,
+        "target_ongoing_requests": 32,
+    }
+    assert opts["max_ongoing_requests"] == 64 + 64 + ADMISSION_HEADROOM
+    assert opts["max_queued_requests"] == 64 + 64
+    with pytest.raises(
+        AppArgsError, match=r"min_replicas \(3\) must not exceed max_replicas \(2\)"
+    ):
+        parse_args({"min_replicas": 3, "max_replicas": 2})
 
 
 def test_tiny_cache_is_built_once_and_atomically(

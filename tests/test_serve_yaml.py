@@ -16,12 +16,26 @@ import openai
 import pytest
 import yaml
 
-from deployments.app import parse_args
+from deployments.app import deployment_options, parse_args
 from deployments.args import AppArgs
 from deployments.serve_run import serve_run
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 240.0
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "deployments").glob("*.yaml")), ids=str)
+def test_yamls_override_serve_options_only_on_purpose(path: Path) -> None:
+    """The Serve options are derived from the args (deployments/app.py). A YAML's LLMServer
+    entry may only change one (restating a derived value would go stale when the args change),
+    and never `autoscaling_config`, which Serve replaces whole (the derived target with it)."""
+    (app,) = yaml.safe_load(path.read_text())["applications"]
+    derived = deployment_options(parse_args(app["args"]))
+    for entry in app.get("deployments", []):
+        assert entry["name"] == "LLMServer"
+        assert "autoscaling_config" not in entry, "set min_replicas / max_replicas in args"
+        for key, value in entry.items():
+            assert key == "name" or value != derived.get(key), f"{key} restates the default"
 
 
 @pytest.fixture(scope="module")

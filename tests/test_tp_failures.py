@@ -21,6 +21,7 @@ from shortconv.llm import LLM  # noqa: E402
 from shortconv.plan import SeqChunk, StepPlan, StepResult  # noqa: E402
 from shortconv.sampler import SamplingRow  # noqa: E402
 from shortconv.sampling_params import SamplingParams  # noqa: E402
+from shortconv.tools.hf_support import transformers_lacks  # noqa: E402
 from shortconv.tools.make_tiny import make_tiny_checkpoint  # noqa: E402
 from shortconv.worker_spec import plan_worker_spec  # noqa: E402
 from workers.ray_executor import RayExecutor  # noqa: E402
@@ -75,12 +76,56 @@ def test_bad_tp_size_is_refused_before_any_actor(ckpt, tmp_path, changes, tp_siz
 
 
 def test_zaya1_cca_head_split_is_refused_before_any_actor(tmp_path):
-    pytest.importorskip("shortconv.models.zaya1", reason="ZAYA1 model not written yet")
+    if reason := transformers_lacks("zaya"):
+        pytest.skip(reason)  # the one documented skip: no transformers to write the checkpoint
     zaya = make_tiny_checkpoint("zaya1", tmp_path / "z", seed=1, with_tokenizer=False)
     model = config_only(zaya, tmp_path / "cfg")  # KV heads = 2: one per rank, no split left
     was_up = ray.is_initialized()
     with pytest.raises(ConfigError, match="KV heads"):
         LLM(model, tp_size=2, dtype="float32", **SMALL)
+    assert ray.is_initialized() == was_up
+
+
+class _FailsToBuild:
+    """A model class whose construction raises `error` (set per test)."""
+
+    error: Exception = NotImplementedError("an op with no meta kernel")
+
+    def __init__(self, *args: object) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "message"),
+    [
+        pytest.param(
+            NotImplementedError("an op with no meta kernel"),
+            RuntimeError,
+            "pre-flight check of lfm2 could not run: .* NotImplementedError: an op with no meta",
+            id="cannot-run",
+        ),
+        pytest.param(
+            ValueError("tp_size=2 does not divide widgets = 3"),
+            ConfigError,
+            "lfm2: tp_size=2 does not divide widgets = 3",
+            id="bad-split",
+        ),
+    ],
+)
+def test_tp_shard_preflight_never_passes_silently(ckpt, monkeypatch, error, expected, message):
+    """The meta dry run either passes or refuses: a model that cannot be built there is an
+    error (not a skipped check), raised before Ray is touched."""
+    import workers.ray_executor as rx
+
+    monkeypatch.setattr(_FailsToBuild, "error", error)
+    monkeypatch.setattr(rx, "model_class", lambda arch: _FailsToBuild)
+    spec = plan_worker_spec(ckpt, EngineConfig(**SMALL), "float32")
+    with pytest.raises(expected, match=message) as info:
+        rx.check_tp_shards(spec.model_cfg, spec.engine_cfg, 2)
+    assert info.type is expected
+    was_up = ray.is_initialized()
+    with pytest.raises(expected, match=message):
+        RayExecutor(spec, tp_size=2)
     assert ray.is_initialized() == was_up
 
 

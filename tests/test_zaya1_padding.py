@@ -172,7 +172,7 @@ def runner(tmp_path_factory):
 def _run(runner, seqs: list[SeqChunk]) -> torch.Tensor:
     with torch.inference_mode():
         step = runner.backend.begin_step(StepPlan(0, tuple(seqs)))
-        hidden = runner.model(step.input_ids, step.positions, runner.backend)
+        hidden = runner.model(step.input_ids, runner.backend)
         return runner.model.compute_logits(hidden[step.logits_indices])
 
 

@@ -230,7 +230,7 @@ def _run(runner, seqs: list[SeqChunk]) -> torch.Tensor:
     plan = StepPlan(step_id=0, seqs=tuple(seqs))
     with torch.inference_mode():
         step = runner.backend.begin_step(plan)
-        hidden = runner.model(step.input_ids, step.positions, runner.backend)
+        hidden = runner.model(step.input_ids, runner.backend)
         return runner.model.compute_logits(hidden[step.logits_indices])
 
 

@@ -44,7 +44,10 @@ def worker_bundles(tp_size: int, device_type: str, num_cpus: float = DEFAULT_WOR
 def check_tp_shards(model_cfg: ModelConfig, engine_cfg: EngineConfig, tp_size: int) -> None:
     """Build the rank-0 model on the meta device: every dimension a layer shards is checked by
     the layer itself, so a new architecture's split (e.g. CCA head groups) is refused here,
-    before any actor exists, with the layer's message naming the dimension."""
+    before any actor exists, with the layer's message naming the dimension.
+
+    A dry run that cannot run at all (a layer that does not build on the meta device) raises
+    too: a pre-flight check that silently does nothing would let a bad split reach the ranks."""
     cls = model_class(model_cfg.arch)
     tp = ParallelContext(0, tp_size)
     try:
@@ -57,9 +60,11 @@ def check_tp_shards(model_cfg: ModelConfig, engine_cfg: EngineConfig, tp_size: i
     except ValueError as exc:
         raise ConfigError(f"{model_cfg.arch}: {exc}") from exc
     except Exception as exc:
-        # A model whose construction cannot run on meta is still checked by check_support and,
-        # at the latest, by the ranks themselves; the dry run must never refuse a good config.
-        log.debug("meta dry run of %s skipped: %r", model_cfg.arch, exc)
+        raise RuntimeError(
+            f"the tp_size={tp_size} pre-flight check of {model_cfg.arch} could not run: building "
+            f"rank 0's model on the meta device raised {type(exc).__name__}: {exc}. Every layer "
+            "must build on the meta device, so that its shards are checked before workers start."
+        ) from exc
 
 
 class RayExecutor(BaseExecutor):

@@ -44,7 +44,7 @@ class Lfm2Layer(nn.Module):
 
 
 class Lfm2ForCausalLM(nn.Module):
-    """`forward(input_ids[T], positions[T], backend) -> hidden[T, H]`; logits via compute_logits."""
+    """`forward(input_ids[T], backend) -> hidden[T, H]`; logits via compute_logits."""
 
     extra_state_name: str | None = None
 
@@ -61,9 +61,7 @@ class Lfm2ForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, backend: BaseStateBackend
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         for layer in self.layers:
             h = layer(h, backend)

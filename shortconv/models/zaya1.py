@@ -79,10 +79,10 @@ class ZayaLayer(nn.Module):
 
 
 class ZayaForCausalLM(nn.Module):
-    """`forward(input_ids[T], positions[T], backend) -> hidden[T, H]`; logits via compute_logits.
+    """`forward(input_ids[T], backend) -> hidden[T, H]`; logits via compute_logits.
 
     NOTE: the router hidden state flows layer to layer per token of the step; it is not decode
-    state. Positions come from the backend's step tensors (the same as `positions`).
+    state. Positions come from the backend's step tensors (`backend.step.positions`).
     """
 
     extra_state_name: str | None = "prev_state"
@@ -100,9 +100,7 @@ class ZayaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, backend: BaseStateBackend
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         h = ((h + self.input_hidden_states_bias) * self.input_hidden_states_scale).float()
         router: torch.Tensor | None = None

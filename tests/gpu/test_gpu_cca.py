@@ -185,7 +185,7 @@ def random_stack_tokens(device: str, backend: str, steps: int = 8) -> list[list[
             plan = seqs.prefill()
             for _ in range(steps):
                 step = stack.backend.begin_step(plan)
-                hidden = stack.model(step.input_ids, step.positions, stack.backend)
+                hidden = stack.model(step.input_ids, stack.backend)
                 logits = stack.model.compute_logits(hidden[step.logits_indices])
                 seqs.push(rows, tuple(logits.argmax(-1).tolist()))
                 plan = seqs.decode(rows)

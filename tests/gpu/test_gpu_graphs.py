@@ -78,7 +78,7 @@ def _prefilled(
     seqs = Seqs([[rng.randrange(1, raw["vocab_size"]) for _ in range(n)] for n in PROMPT_LENS])
     with torch.inference_mode():
         step = stack.backend.begin_step(seqs.prefill())
-        hidden = stack.model(step.input_ids, step.positions, stack.backend)
+        hidden = stack.model(step.input_ids, stack.backend)
         first = stack.model.compute_logits(hidden[step.logits_indices]).argmax(-1)
     seqs.push(list(range(NUM_SEQS)), tuple(first.tolist()))
     return stack, seqs, pool_snapshot(stack)

@@ -38,9 +38,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Cross-field checks that JSON Schema cannot express; they run before anything renders. */}}
 {{- define "shortconv.validate" -}}
-{{- $as := .Values.serve.deployment.autoscaling_config -}}
-{{- if gt (int $as.min_replicas) (int $as.max_replicas) -}}
-{{- fail (printf "serve.deployment.autoscaling_config: min_replicas (%d) must not exceed max_replicas (%d)" (int $as.min_replicas) (int $as.max_replicas)) -}}
+{{- $lo := include "shortconv.serveMinReplicas" . | int -}}
+{{- $hi := include "shortconv.serveMaxReplicas" . | int -}}
+{{- if gt $lo $hi -}}
+{{- fail (printf "serve.args: min_replicas (%d) must not exceed max_replicas (%d)" $lo $hi) -}}
 {{- end -}}
 {{- $min := include "shortconv.workerMinReplicas" . | int -}}
 {{- $max := include "shortconv.workerMaxReplicas" . | int -}}
@@ -62,12 +63,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
+Serve's replica bounds: the app args, which values.yaml always sets (a null, like an unset key,
+would leave AppArgs' own default to the app while the worker group had no bound to follow).
+*/}}
+{{- define "shortconv.serveMinReplicas" -}}
+{{- required "serve.args.min_replicas is required (the worker group follows it)" .Values.serve.args.min_replicas | int -}}
+{{- end -}}
+
+{{- define "shortconv.serveMaxReplicas" -}}
+{{- required "serve.args.max_replicas is required (the worker group follows it)" .Values.serve.args.max_replicas | int -}}
+{{- end -}}
+
+{{/*
 Worker pod bounds default to the Serve replica bounds: one replica per worker pod. NOTE: `kindIs
 "invalid"` is how Go templates see a YAML null.
 */}}
 {{- define "shortconv.workerMinReplicas" -}}
 {{- if kindIs "invalid" .Values.workers.minReplicas -}}
-{{- int .Values.serve.deployment.autoscaling_config.min_replicas -}}
+{{- include "shortconv.serveMinReplicas" . -}}
 {{- else -}}
 {{- int .Values.workers.minReplicas -}}
 {{- end -}}
@@ -75,7 +88,7 @@ Worker pod bounds default to the Serve replica bounds: one replica per worker po
 
 {{- define "shortconv.workerMaxReplicas" -}}
 {{- if kindIs "invalid" .Values.workers.maxReplicas -}}
-{{- int .Values.serve.deployment.autoscaling_config.max_replicas -}}
+{{- include "shortconv.serveMaxReplicas" . -}}
 {{- else -}}
 {{- int .Values.workers.maxReplicas -}}
 {{- end -}}
@@ -87,7 +100,10 @@ on all interfaces and on the port the Services target.
 */}}
 {{- define "shortconv.serveConfig" -}}
 {{- $s := .Values.serve -}}
-{{- $app := dict "name" $s.appName "route_prefix" $s.routePrefix "import_path" $s.importPath "args" $s.args "deployments" (list $s.deployment) -}}
+{{- $app := dict "name" $s.appName "route_prefix" $s.routePrefix "import_path" $s.importPath "args" $s.args -}}
+{{- if $s.deployment -}}
+{{- $_ := set $app "deployments" (list (merge (dict "name" "LLMServer") $s.deployment)) -}}
+{{- end -}}
 {{- $http := dict "host" "0.0.0.0" "port" (int .Values.service.port) -}}
 {{- $cfg := dict "proxy_location" (default "EveryNode" $s.proxyLocation) "http_options" $http "applications" (list $app) -}}
 {{- toYaml $cfg -}}

@@ -1,4 +1,5 @@
-"""Short-convolution kernels. Import the dispatching entry points from here.
+"""Hot-path kernels (short conv, CCA conv, paged attention). Import the dispatching entry
+points from here.
 
 CUDA tensors run the Triton kernels, CPU tensors the torch reference; `SHORTCONV_KERNELS`
 (`torch` or `triton`) forces one. See `dispatch` for details.
@@ -13,7 +14,9 @@ from shortconv.kernels.dispatch import (
     cca_conv_update,
     cca_prev_value_fn,
     cca_prev_value_update,
+    paged_attention,
     resolve_backend,
+    write_kv,
 )
 
 __all__ = [
@@ -23,5 +26,7 @@ __all__ = [
     "cca_conv_update",
     "cca_prev_value_fn",
     "cca_prev_value_update",
+    "paged_attention",
     "resolve_backend",
+    "write_kv",
 ]

@@ -1,4 +1,4 @@
-"""Backend choice for the short-conv kernels: Triton on CUDA, the torch reference elsewhere.
+"""Backend choice for the hot-path kernels: Triton on CUDA, the torch paths elsewhere.
 
 `SHORTCONV_KERNELS=torch|triton` forces one backend. It is read from os.environ on every call
 (a dict lookup), so tests can flip it with monkeypatch.setenv and nothing needs resetting.
@@ -15,6 +15,8 @@ from types import ModuleType
 
 import torch
 
+from shortconv.kernels.attention_cpu import paged_attention_cpu
+from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
 from shortconv.kernels.cca_ref import (
     cca_conv_fn_ref,
     cca_conv_update_ref,
@@ -22,6 +24,7 @@ from shortconv.kernels.cca_ref import (
     cca_prev_value_update_ref,
 )
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
+from shortconv.step_tensors import StepScratch, StepTensors
 
 ENV_VAR = "SHORTCONV_KERNELS"
 _BACKENDS = ("torch", "triton")
@@ -166,3 +169,27 @@ def cca_conv_update(
 # these names run the reference on every backend.
 cca_prev_value_fn = cca_prev_value_fn_ref
 cca_prev_value_update = cca_prev_value_update_ref
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    step: StepTensors,
+    scale: float,
+    scratch: StepScratch | None = None,
+) -> torch.Tensor:
+    """Causal attention of the step's new tokens over their paged contexts.
+
+    q [T, Hq, d] packed by `step.query_start_loc`; k_cache/v_cache [pages*page_size, Hk, d]
+    flat page rows that already hold this step's K/V (`write_kv` first); Hq % Hk == 0
+    -> out [T, Hq, d] in q's dtype. Torch backend: on CPU with `scratch` (the backend's reused
+    buffers) the gathered fast path of `attention_cpu`, otherwise the padded SDPA reference.
+    """
+    if scratch is not None and q.device.type == "cpu" and k_cache.dtype == q.dtype:
+        return paged_attention_cpu(q, k_cache, v_cache, step, scale, scratch)
+    return paged_attention_ref(q, k_cache, v_cache, step, scale)
+
+
+# NOTE: the KV write is one index_copy_ per cache (graph-safe, no arithmetic): no Triton twin.
+write_kv = write_kv_ref

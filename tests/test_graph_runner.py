@@ -133,7 +133,7 @@ def test_static_buffers_keep_their_addresses(prefilled):
     g = graph_runner(runner, (2, 4, 8))
     shape = g.shapes()[0]
     step = g.buffers.step(shape)
-    tensors = (step.input_ids, step.kv_gather, step.attn_mask, step.slot_mapping)
+    tensors = (step.input_ids, step.kv_gather, step.attn_mask, step.slot_mapping, step.block_tables)
     ptrs = [t.data_ptr() for t in tensors]
     load_pool(runner, snap0)
     for n in (8, 3, 1, 6):

@@ -11,7 +11,9 @@ is never a live page, and context lengths sit on both sides of page and split bo
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -49,6 +51,7 @@ DEVICES = [
 # (GQA group, head_dim): ratios 1, 2, 4, 8; head_dim 64, 128 and non-powers of two 80, 96.
 SHAPES = [(1, 64), (2, 128), (4, 80), (8, 96)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+DTYPE_IDS = ["fp32", "bf16", "fp16"]
 TOL = {
     torch.float32: dict(rtol=1e-5, atol=1e-5),
     torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
@@ -102,7 +105,7 @@ DECODE_LENS = [1, 15, 16, 17, 63, 64, 65, 128, 129, 192]
 
 
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("group,head_dim", SHAPES)
 def test_decode_matches_ref(
     device: str, group: int, head_dim: int, dtype: torch.dtype, num_splits: int | None
@@ -151,7 +154,7 @@ def test_decode_auto_splits_over_long_contexts(device: str, page: int) -> None:
 EXTEND_ROWS = [(0, 20), (37, 9), (50, 1), (0, 1), (16, 17)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("group,head_dim", SHAPES)
 def test_extend_matches_ref(device: str, group: int, head_dim: int, dtype: torch.dtype) -> None:
     page = 8
@@ -207,7 +210,7 @@ def _graph_like_step(
     return tables, seq_lens, rows
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES[:2], ids=DTYPE_IDS[:2])
 def test_padded_rows_touch_only_the_scratch_page(device: str, dtype: torch.dtype) -> None:
     """A padded decode step (KV write, then attention) leaves every page but page 0 and the
     live rows' new positions bit-identical, and live outputs equal the unpadded step's bit for
@@ -261,8 +264,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
     calls = {"decode": 0, "extend": 0}
 
-    def counting(name: str, fn):  # noqa: ANN202 - a thin test wrapper
-        def wrapper(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+    def counting(name: str, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def wrapper(*a: Any, **kw: Any) -> torch.Tensor:
             calls[name] += 1
             return fn(*a, **kw)
 
@@ -277,7 +280,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         counting("extend", paged_attention_extend_triton),
     )  # fmt: skip
 
-    def no_sdpa(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+    def no_sdpa(*a: Any, **kw: Any) -> torch.Tensor:
         raise AssertionError("torch SDPA called under SHORTCONV_KERNELS=triton")
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", no_sdpa)

@@ -8,8 +8,10 @@ Why a context dimension: decode attention gathers each row's context into `[B, L
 it; a captured graph needs that L fixed. One L = max_model_len would make every step pay for the
 longest possible context (128k positions for LFM2), so L is bucketed too (doubling by default:
 at most 2x waste) and contexts longer than the largest bucket run eagerly, like vLLM's
-`max_seq_len_to_capture`. A paged decode-attention kernel that loops over seq_lens would
-collapse this dimension to one bucket; the static-buffer protocol would not change.
+`max_seq_len_to_capture`. The Triton decode kernel loops over seq_lens and reads only
+`block_tables` `[B, ceil(L / page)]` (L sets its split count), so on that backend the context
+dimension could collapse to one bucket once `derive` stops building the torch path's dense
+gather and mask; the static-buffer protocol would not change.
 
 On CUDA each shape is captured once at start-up (largest first, one shared memory pool) and
 replayed; on CPU "capture" only allocates the static buffers and a replay runs the same forward

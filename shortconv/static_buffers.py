@@ -6,10 +6,11 @@ as an eager step, but at addresses that never change. They split in two:
 * primary, built on the host from the plan: token ids, positions, slots, seq_lens, the block
   tables `[B, ceil(L / page)]` and the per-shape constant index rows. All of them are slices of
   ONE flat int64 device buffer laid out per shape, so `refresh` is one host-to-device copy.
-* derived: kv_gather `[B, L]`, attn_mask `[B, 1, L]`, slot_mapping, has_initial_state and
-  query_start_loc, computed on the device from the primary ones by `derive`. The graph runner
-  calls `derive` INSIDE the captured region, so every replay rebuilds them from what `refresh`
-  just wrote: no derived buffer can be left stale (or uninitialised) by a replay.
+* derived: kv_gather `[B, L]`, attn_mask `[B, 1, L]`, slot_mapping, has_initial_state,
+  query_start_loc and the int32 block_tables `[B, ceil(L / page)]` the paged kernels read,
+  computed on the device from the primary ones by `derive`. The graph runner calls `derive`
+  INSIDE the captured region, so every replay rebuilds them from what `refresh` just wrote: no
+  derived buffer can be left stale (or uninitialised) by a replay.
 
 Padding contract (docs/architecture.md): rows past the plan's sequences are scratch rows: token 0,
 position 0, slot 0, an all-zero block table (page 0). Their KV write and conv/prev state
@@ -71,6 +72,7 @@ class StaticDecodeBuffers:
         self.slot_mapping = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self.has_initial_state = torch.zeros(max_batch, dtype=torch.bool, device=device)
         self.query_start_loc = torch.zeros(max_batch + 1, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(max_batch * pages, dtype=torch.int32, device=device)
         # NOTE: a capture-time constant (like the weights), not per-step metadata.
         self._arange = torch.arange(max(max_batch + 1, max_context), device=device)
         self._copy_done: torch.cuda.Event | None = None
@@ -101,6 +103,7 @@ class StaticDecodeBuffers:
         if shape in self._steps:
             return self._steps[shape]
         b, n = shape.batch, shape.batch * shape.context
+        pages = _cdiv(shape.context, self.page_size)
         r = self._rows(self.primary, shape)
         self._steps[shape] = st = StepTensors(
             num_seqs=b,
@@ -124,6 +127,8 @@ class StaticDecodeBuffers:
             q_pad_index=r["q_pad_index"],
             q_unpad_index=r["q_unpad_index"],
             logits_indices=r["token_seq_index"],  # every row; the runner picks the live ones
+            block_tables=self.block_tables[: b * pages].view(b, pages),
+            page_size=self.page_size,
         )
         self.tables(shape)
         return st
@@ -183,3 +188,4 @@ class StaticDecodeBuffers:
         st.slot_mapping.copy_(page_of * page + st.positions % page)
         st.has_initial_state.copy_(st.cache_indices != 0)  # NOTE: slot 0 is never live
         st.query_start_loc.copy_(self._arange[: b + 1])
+        st.block_tables.copy_(tables)  # int64 -> int32: the paged kernels' page table

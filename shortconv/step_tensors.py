@@ -23,6 +23,8 @@ class StepTensors:
     kv_gather int64 [B, L] (flat KV row of each context position, scratch row 0 past the end);
     attn_mask bool [B, Q, L]; q_pad_index int64 [B*Q] into T+1 rows (row T is a zero row);
     q_unpad_index int64 [T] into B*Q; logits_indices int64 [S] (last token of sampled chunks).
+    block_tables int32 [B, P] (the paged kernels' page table, P = ceil(L / page_size): each
+    row's pages, scratch page 0 past them) with its `page_size`; kv_gather is its dense form.
     """
 
     num_seqs: int
@@ -46,6 +48,8 @@ class StepTensors:
     q_pad_index: torch.Tensor
     q_unpad_index: torch.Tensor
     logits_indices: torch.Tensor
+    block_tables: torch.Tensor
+    page_size: int
 
 
 class StepScratch:
@@ -129,6 +133,8 @@ def _general_step_tensors(
     _check_tables(seqs, page_size)
     slot_mapping = tables[token_seq, positions // page_size] * page_size + positions % page_size
 
+    # Only the pages the context covers: the decode kernel sizes its splits by the table width.
+    block_tables = tables[:, : -(-max_l // page_size)].to(torch.int32)
     ctx = torch.arange(max_l)
     kv_gather = tables[:, ctx // page_size] * page_size + ctx % page_size
     kv_gather = torch.where(ctx[None, :] < seq_lens[:, None], kv_gather, 0)
@@ -174,6 +180,8 @@ def _general_step_tensors(
         q_pad_index=dev(q_pad.reshape(-1)),
         q_unpad_index=dev(q_unpad),
         logits_indices=dev(logits_idx),
+        block_tables=dev(block_tables),
+        page_size=page_size,
     )
 
 
@@ -258,6 +266,8 @@ def _decode_step_tensors(
         logits_indices=(
             rows_dev if len(sampled) == b else dev(torch.tensor(sampled, dtype=torch.int64))
         ),
+        block_tables=dev(tables.to(torch.int32)),
+        page_size=page_size,
     )
 
 

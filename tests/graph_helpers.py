@@ -103,16 +103,20 @@ class Seqs:
 def padded_step(runner: ModelRunner, plan: StepPlan, batch: int, context: int) -> StepTensors:
     """Eager step tensors of the plan at exactly a bucket's shapes, built independently of the
     static buffers: explicit scratch rows (slot 0, page 0) up to `batch`, then kv_gather and
-    attn_mask widened to `context` columns with masked scratch entries."""
+    attn_mask widened to `context` columns with masked scratch entries, and block_tables to
+    the bucket's ceil(context / PAGE) pages with scratch page 0 (the Triton decode kernel sizes
+    its splits by that width, so the replay and this step must agree on it)."""
     pad = SeqChunk("pad", (0,), 1, 0, (0,), None)
     plan = StepPlan(plan.step_id, plan.seqs + (pad,) * (batch - len(plan.seqs)))
     step = build_step_tensors(plan, PAGE, runner.device)
     extra = context - step.max_seq_len
+    extra_pages = -(-context // PAGE) - step.block_tables.shape[1]
     return replace(
         step,
         max_seq_len=context,
         kv_gather=F.pad(step.kv_gather, (0, extra), value=0),
         attn_mask=F.pad(step.attn_mask, (0, extra), value=False),
+        block_tables=F.pad(step.block_tables, (0, extra_pages), value=0),
     )
 
 
@@ -160,7 +164,7 @@ def garbage_fill(g: GraphRunner, seed: int = 0) -> None:
     """Fill every per-step static buffer with in-range garbage (wrong results, no crash)."""
     gen = torch.Generator().manual_seed(seed)
     b = g.buffers
-    for t in (b.primary, b.primary_host, b.kv_gather, b.slot_mapping):
+    for t in (b.primary, b.primary_host, b.kv_gather, b.slot_mapping, b.block_tables):
         t.copy_(torch.randint(0, 3, t.shape, generator=gen))
     for t in (b.attn_mask, b.has_initial_state, b.has_initial_state_host):
         t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())

@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import shortconv.kernels.attention_ref as attention_ref
+import shortconv.kernels.attention_cpu as attention_cpu
 import shortconv.kernels.cca_ref as cca_ref
 import shortconv.kernels.conv1d_ref as conv1d_ref
+from shortconv.kernels.attention_cpu import paged_attention_cpu
 from shortconv.kernels.attention_ref import paged_attention_ref
 from shortconv.layers import linear as linear_mod
 from shortconv.plan import SeqChunk, StepPlan
@@ -107,7 +108,7 @@ def test_cpu_attention_path_matches_the_reference(
     kind: str, chunk_bytes: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if chunk_bytes is not None:
-        monkeypatch.setattr(attention_ref, "_ATTN_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(attention_cpu, "_ATTN_CHUNK_BYTES", chunk_bytes)
     g = torch.Generator().manual_seed(1)
     hq, hk, d = 8, 2, 16
     plan = (
@@ -121,7 +122,7 @@ def test_cpu_attention_path_matches_the_reference(
     q = torch.randn(step.num_tokens, hq, d, generator=g)
     scratch = StepScratch()
     for _ in range(2):  # the second call reuses the buffers and per-step values
-        got = paged_attention_ref(q, k_cache, v_cache, step, d**-0.5, scratch)
+        got = paged_attention_cpu(q, k_cache, v_cache, step, d**-0.5, scratch)
         want = paged_attention_ref(q, k_cache, v_cache, step, d**-0.5)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

@@ -1,4 +1,5 @@
-"""Short-convolution kernels. Import the dispatching entry points from here.
+"""Hot-path kernels (short conv, CCA conv, paged attention). Import the dispatching entry
+points from here.
 
 CUDA tensors run the Triton kernels, CPU tensors the torch reference; `SHORTCONV_KERNELS`
 (`torch` or `triton`) forces one. See `dispatch` for details.
@@ -14,7 +15,9 @@ from shortconv.kernels.dispatch import (
     cca_prev_value_fn,
     cca_prev_value_update,
     fused_moe,
+    paged_attention,
     resolve_backend,
+    write_kv,
 )
 
 __all__ = [
@@ -24,6 +27,8 @@ __all__ = [
     "cca_conv_update",
     "cca_prev_value_fn",
     "cca_prev_value_update",
+    "paged_attention",
     "resolve_backend",
     "fused_moe",
+    "write_kv",
 ]

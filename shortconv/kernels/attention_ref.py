@@ -1,13 +1,17 @@
-"""Paged causal attention in pure PyTorch (the reference; batched, no per-request host loop)."""
+"""Paged causal attention in pure PyTorch: the references.
+
+* `paged_attention_ref`: the step's padded layout through one batched SDPA call (the torch path
+  off CPU, and what the CPU fast path in `attention_cpu` is checked against);
+* `paged_attention_decode_ref` / `paged_attention_extend_ref`: plain per-sequence fp32 oracles
+  with the Triton kernels' signatures (`attention_triton`).
+"""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from shortconv.step_tensors import StepScratch, StepTensors
+from shortconv.step_tensors import StepTensors
 
 
 def write_kv_ref(
@@ -28,13 +32,11 @@ def paged_attention_ref(
     v_cache: torch.Tensor,
     step: StepTensors,
     scale: float,
-    scratch: StepScratch | None = None,
 ) -> torch.Tensor:
     """q `[T, Hq, d]` (new tokens, packed) → out `[T, Hq, d]`, attending over each sequence's
-    context gathered from its pages. GQA: Hq must be a multiple of Hk. With `scratch` on CPU
-    the context is gathered head-major into reused buffers (see `_paged_attention_cpu`)."""
-    if scratch is not None and q.device.type == "cpu" and k_cache.dtype == q.dtype:
-        return _paged_attention_cpu(q, k_cache, v_cache, step, scale, scratch)
+    context gathered from its pages (`step.kv_gather`, `step.attn_mask`) in one padded SDPA
+    call. GQA: Hq must be a multiple of Hk. The torch path off CPU; the CPU fast path in
+    `attention_cpu` is checked against it."""
     num_tokens, num_heads, head_dim = q.shape
     b, max_q = step.num_seqs, step.max_query_len
     q_rows = torch.cat([q, q.new_zeros(1, num_heads, head_dim)], dim=0)
@@ -51,156 +53,6 @@ def paged_attention_ref(
     )
     out = out.transpose(1, 2).reshape(b * max_q, num_heads, head_dim)
     return out[step.q_unpad_index]
-
-
-@dataclass(frozen=True)
-class _Group:
-    """Sequences of one step attended together: `seqs` [G] (indices into the step), `tokens`
-    (their query rows, in packed order), `max_len` (longest context), `gather` [G, max_len]
-    (KV rows) and, for multi-token chunks, `q_rows` [G*Q] into q plus a zero row and `unpad`
-    (each token's row of the padded [G*Q] output)."""
-
-    seqs: torch.Tensor
-    tokens: torch.Tensor
-    max_len: int
-    gather: torch.Tensor
-    q_rows: torch.Tensor | None = None
-    unpad: torch.Tensor | None = None
-
-
-def _groups(step: StepTensors) -> tuple[_Group | None, _Group | None]:
-    """(one-query rows, multi-token chunks) of an eager step, from its host mirrors.
-
-    Why: the padded layout gives every sequence the longest chunk's query count, so a step that
-    mixes decode rows with one 400-token prefill chunk would attend 400 padded queries per
-    decode row; split, each row attends its own single query over its own context length.
-    """
-    qsl = step.query_start_loc_cpu.tolist()
-    seq_lens = step.seq_lens_cpu.tolist()
-    dev = step.kv_gather.device
-    groups: list[_Group | None] = []
-    for single in (True, False):
-        seqs = [i for i in range(step.num_seqs) if (qsl[i + 1] - qsl[i] == 1) == single]
-        if not seqs:
-            groups.append(None)
-            continue
-        toks = [t for i in seqs for t in range(qsl[i], qsl[i + 1])]
-        max_len = max(seq_lens[i] for i in seqs)
-        idx = torch.tensor(seqs, dtype=torch.int64, device=dev)
-        group = _Group(idx, torch.tensor(toks, device=dev), max_len, step.kv_gather[idx, :max_len])
-        if not single:
-            q = step.max_query_len
-            unpad = [
-                g * q + t - qsl[i] for g, i in enumerate(seqs) for t in range(qsl[i], qsl[i + 1])
-            ]
-            q_rows = step.q_pad_index.view(step.num_seqs, q)[idx].reshape(-1)
-            group = replace(group, q_rows=q_rows, unpad=torch.tensor(unpad, device=dev))
-        groups.append(group)
-    return groups[0], groups[1]
-
-
-# Decode attention gathers K and V for this many bytes of sequences at a time: a chunk's
-# gathered rows are still in the last-level cache when its matmuls read them back, instead of
-# a whole batch's (70 MB at batch 32, context 512 on LFM2-350M) making a round trip through
-# memory. 8 MB: a quarter of the 32 MB L3 we measured on; 1-4 sequences there were alike.
-_ATTN_CHUNK_BYTES = 8 << 20
-
-
-def _kv_rows(gather: torch.Tensor, hk: int, scratch: StepScratch, key: str) -> torch.Tensor:
-    """Head-major flat row indices `[G, Hk*L]` into a `[N*Hk, d]` view of the cache, built once
-    per step (`key` names the group)."""
-    return scratch.per_step(
-        ("kv_rows", key, hk),
-        lambda: (gather[:, None, :] * hk + torch.arange(hk, device=gather.device)[:, None]).view(
-            gather.shape[0], -1
-        ),
-    )
-
-
-def _gathered(
-    cache: torch.Tensor, rows: torch.Tensor, name: str, scratch: StepScratch
-) -> torch.Tensor:
-    """cache `[N, Hk, d]`, rows `[G, Hk*L]` (see `_kv_rows`) → head-major `[G, Hk, L, d]` in a
-    reused buffer."""
-    hk, d = cache.shape[1:]
-    g, length = rows.shape[0], rows.shape[1] // hk
-    out = scratch.buffer(name, rows.numel() * d, cache).view(-1, d)
-    return torch.index_select(cache.view(-1, d), 0, rows.reshape(-1), out=out).view(
-        g, hk, length, d
-    )
-
-
-def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, gather: torch.Tensor,
-    live: torch.Tensor, scale: float, scratch: StepScratch, key: str,
-) -> torch.Tensor:  # fmt: skip
-    """One query per row: q [G, Hq, d], gather [G, L], live bool [G, L] → [G, Hq, d]."""
-    g, num_heads, head_dim = q.shape
-    num_kv, length = k_cache.shape[1], gather.shape[1]
-    bias = scratch.per_step(
-        ("bias", key, q.dtype),
-        lambda: torch.zeros(g, 1, 1, length, dtype=q.dtype, device=q.device).masked_fill_(
-            ~live.view(g, 1, 1, length), float("-inf")
-        ),
-    )
-    rows = _kv_rows(gather, num_kv, scratch, key)
-    qg = q.view(g, num_kv, num_heads // num_kv, head_dim)
-    per_seq = 2 * rows.shape[1] * head_dim * k_cache.element_size()
-    chunk = max(1, _ATTN_CHUNK_BYTES // per_seq)
-
-    def attend(i: int, j: int, out: torch.Tensor | None) -> torch.Tensor:
-        keys = _gathered(k_cache, rows[i:j], "k", scratch)
-        values = _gathered(v_cache, rows[i:j], "v", scratch)
-        scores = torch.matmul(qg[i:j], keys.transpose(-1, -2)).mul_(scale).add_(bias[i:j])
-        return torch.matmul(torch.softmax(scores, dim=-1), values, out=out)
-
-    if chunk >= g:  # small batches and contexts: one chunk, no output buffer to fill
-        return attend(0, g, None).view(g, num_heads, head_dim)
-    out = q.new_empty(g, num_kv, num_heads // num_kv, head_dim)
-    for i in range(0, g, chunk):
-        attend(i, min(g, i + chunk), out[i : i + chunk])
-    return out.view(g, num_heads, head_dim)
-
-
-def _paged_attention_cpu(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    step: StepTensors,
-    scale: float,
-    scratch: StepScratch,
-) -> torch.Tensor:
-    """The CPU path: K/V gathered straight into head-major `[G, Hk, L, d]` reused buffers, so
-    the attention matmuls read contiguous rows (a strided `[B, L, Hk, d]` view made SDPA copy
-    or crawl) and no layer allocates (or page-faults) tens of MB. Decode rows (one query) are
-    two batched matmuls around a softmax; multi-token chunks go through SDPA, each group over
-    its own longest context (see `_groups`)."""
-    num_tokens, num_heads, head_dim = q.shape
-    if step.max_query_len == 1 and num_tokens == step.num_seqs:  # all decode (graph buffers too)
-        mask = step.attn_mask.view(step.num_seqs, step.max_seq_len)
-        return _decode_attention(q, k_cache, v_cache, step.kv_gather, mask, scale, scratch, "all")
-    single, multi = scratch.per_step("attn_groups", lambda: _groups(step))
-    out = q.new_empty(q.shape)
-    if single is not None:
-        live = scratch.per_step(
-            "single_live", lambda: step.attn_mask[single.seqs, 0, : single.max_len]
-        )
-        part = _decode_attention(q[single.tokens], k_cache, v_cache, single.gather, live, scale,
-                                 scratch, "single")  # fmt: skip
-        out[single.tokens] = part
-    assert multi is not None
-    rows = _kv_rows(multi.gather, k_cache.shape[1], scratch, "multi")
-    keys = _gathered(k_cache, rows, "k", scratch)
-    values = _gathered(v_cache, rows, "v", scratch)
-    g, max_q = multi.seqs.numel(), step.max_query_len
-    q_rows = torch.cat([q, q.new_zeros(1, num_heads, head_dim)], dim=0)
-    q_pad = q_rows[multi.q_rows].view(g, max_q, num_heads, head_dim).transpose(1, 2)
-    mask = step.attn_mask[multi.seqs, :, : multi.max_len][:, None]
-    res = F.scaled_dot_product_attention(
-        q_pad, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != num_heads
-    )
-    out[multi.tokens] = res.transpose(1, 2).reshape(g * max_q, num_heads, head_dim)[multi.unpad]
-    return out
 
 
 def _attend_one(

@@ -1,4 +1,4 @@
-"""Backend choice for the short-conv kernels: Triton on CUDA, the torch reference elsewhere.
+"""Backend choice for the hot-path kernels: Triton on CUDA, the torch paths elsewhere.
 
 `SHORTCONV_KERNELS=torch|triton` forces one backend. It is read from os.environ on every call
 (a dict lookup), so tests can flip it with monkeypatch.setenv and nothing needs resetting.
@@ -15,6 +15,8 @@ from types import ModuleType
 
 import torch
 
+from shortconv.kernels.attention_cpu import paged_attention_cpu
+from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
 from shortconv.kernels.cca_ref import (
     cca_conv_fn_ref,
     cca_conv_update_ref,
@@ -23,6 +25,7 @@ from shortconv.kernels.cca_ref import (
 )
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
 from shortconv.kernels.moe_ref import fused_moe_ref
+from shortconv.step_tensors import StepScratch, StepTensors
 
 ENV_VAR = "SHORTCONV_KERNELS"
 _BACKENDS = ("torch", "triton")
@@ -50,22 +53,28 @@ def resolve_backend(device: torch.device) -> str:
     return "triton" if device.type == "cuda" else "torch"
 
 
+def _triton_or_none(device: torch.device, module: str) -> ModuleType | None:
+    """The Triton module for tensors on `device`, or None when the torch path runs."""
+    if resolve_backend(device) == "torch":
+        return None
+    try:
+        return _triton_module(module)
+    except RuntimeError as exc:
+        if os.environ.get(ENV_VAR):
+            raise  # explicitly asked for triton: never degrade silently
+        # Default CUDA choice without triton installed: stay functional, but say so.
+        warnings.warn(f"{exc} Falling back to the torch reference.", stacklevel=4)
+        return None
+
+
 def _pick(
     device: torch.device,
     name: str,
     ref: Callable[..., torch.Tensor],
     module: str = "conv1d_triton",
 ) -> Callable[..., torch.Tensor]:
-    if resolve_backend(device) == "torch":
-        return ref
-    try:
-        return getattr(_triton_module(module), name)
-    except RuntimeError as exc:
-        if os.environ.get(ENV_VAR):
-            raise  # explicitly asked for triton: never degrade silently
-        # Default CUDA choice without triton installed: stay functional, but say so.
-        warnings.warn(f"{exc} Falling back to the torch reference.", stacklevel=3)
-        return ref
+    mod = _triton_or_none(device, module)
+    return ref if mod is None else getattr(mod, name)
 
 
 def causal_conv1d_fn(
@@ -191,3 +200,55 @@ def fused_moe(
         result = fused_moe_ref(x, gate_up, down, ids, weights, activation)
         return result if out is None else out.copy_(result)
     return fn(x, gate_up, down, ids, weights, activation, out=out)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    step: StepTensors,
+    scale: float,
+    scratch: StepScratch | None = None,
+) -> torch.Tensor:
+    """Causal attention of the step's new tokens over their paged contexts.
+
+    q [T, Hq, d] packed by `step.query_start_loc`; k_cache/v_cache [pages*page_size, Hk, d]
+    flat page rows that already hold this step's K/V (`write_kv` first); Hq % Hk == 0
+    -> out [T, Hq, d] in q's dtype.
+
+    Triton backend: the paged kernels read the pool in place through `step.block_tables`
+    (decode kernel when every row has one query, the varlen extend kernel otherwise); no SDPA.
+    Torch backend: on CPU with `scratch` (the backend's reused buffers) the gathered fast path
+    of `attention_cpu`, otherwise the padded SDPA reference.
+    """
+    mod = _triton_or_none(q.device, "attention_triton")
+    if mod is not None:
+        return _paged_attention_triton(mod, q, k_cache, v_cache, step, scale)
+    if scratch is not None and q.device.type == "cpu" and k_cache.dtype == q.dtype:
+        return paged_attention_cpu(q, k_cache, v_cache, step, scale, scratch)
+    return paged_attention_ref(q, k_cache, v_cache, step, scale)
+
+
+def _paged_attention_triton(
+    mod: ModuleType,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    step: StepTensors,
+    scale: float,
+) -> torch.Tensor:
+    # NOTE: the kernels are looked up on the module at call time (tests count them there).
+    # Only host ints (max_query_len, page_size) and static shapes choose the kernel and its
+    # grid, so graph capture sees no host sync.
+    if step.max_query_len == 1:
+        return mod.paged_attention_decode_triton(
+            q, k_cache, v_cache, step.block_tables, step.seq_lens, scale, step.page_size
+        )
+    return mod.paged_attention_extend_triton(
+        q, k_cache, v_cache, step.block_tables, step.seq_lens, step.query_start_loc, scale,
+        step.page_size, max_query_len=step.max_query_len,
+    )  # fmt: skip
+
+
+# NOTE: the KV write is one index_copy_ per cache (graph-safe, no arithmetic): no Triton twin.
+write_kv = write_kv_ref

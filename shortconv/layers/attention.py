@@ -7,7 +7,7 @@ from torch import nn
 
 from shortconv.backend import BaseStateBackend
 from shortconv.config import ModelConfig
-from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
+from shortconv.kernels import paged_attention, write_kv
 from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shortconv.layers.norm import RMSNorm
 from shortconv.layers.rotary import RotaryEmbedding
@@ -38,6 +38,6 @@ class Lfm2Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         md = backend.attention_metadata(self.layer_id)
         q, k = self.rope(md.step.positions, q, k)
-        write_kv_ref(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
-        out = paged_attention_ref(q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch)
+        write_kv(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
+        out = paged_attention(q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch)
         return self.out_proj(out.reshape(t, -1))

@@ -20,8 +20,9 @@ from shortconv.kernels import (
     cca_conv_update,
     cca_prev_value_fn,
     cca_prev_value_update,
+    paged_attention,
+    write_kv,
 )
-from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
 from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, mark_shard
 from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.parallel import ParallelContext
@@ -165,6 +166,6 @@ class CCAAttention(nn.Module):
         q, k = self.qk_norm(q, k)
         md = backend.attention_metadata(self.layer_id)
         q, k = self.rope(md.step.positions, q, k)
-        write_kv_ref(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
-        out = paged_attention_ref(q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch)
+        write_kv(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
+        out = paged_attention(q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch)
         return self.o_proj(out.reshape(x.shape[0], -1))

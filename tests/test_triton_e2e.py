@@ -4,8 +4,8 @@ Tiny LFM2, LFM2-MoE and ZAYA1 checkpoints give transformers' greedy tokens throu
 short-conv, CCA and paged-attention kernels: a batch under chunked prefill (decode rows mixed
 with prefill chunks), requests joining mid-run, and a resumed session. While our engine runs,
 torch's SDPA is never called; the Triton attention kernels are (counted), so the interpreter
-really tests what a GPU runs. Where the fused-MoE kernel module exists (`moe_triton`), the MoE
-models must also route every expert through it and none through a torch path.
+really tests what a GPU runs. The MoE models route every expert through
+the fused-MoE kernel and none through a torch path.
 
 The oracle is the in-memory transformers model (a ZAYA reload would reset its skip bias, see
 shortconv/tools/make_tiny.py) and runs BEFORE the counters are installed: it uses SDPA itself.
@@ -13,8 +13,6 @@ shortconv/tools/make_tiny.py) and runs BEFORE the counters are installed: it use
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,26 +25,13 @@ from oracle import OracleRun, assert_matches_oracle, oracle_greedy
 
 from shortconv.config import EngineConfig
 from shortconv.engine import LLMEngine
+from shortconv.llm import build_engine
 from shortconv.sampling_params import SamplingParams
 from shortconv.tools.make_tiny import build_hf_model
 
 pytest.importorskip("triton")
 
-# NOTE: the fused-MoE kernel lands from another branch; until then the MoE layers keep their
-# torch expert paths under SHORTCONV_KERNELS=triton and only attention/conv are checked here.
-HAS_MOE_TRITON = importlib.util.find_spec("shortconv.kernels.moe_triton") is not None
-ARCHS = (
-    "lfm2",
-    pytest.param(
-        "lfm2_moe",
-        marks=pytest.mark.xfail(
-            HAS_MOE_TRITON,
-            reason="LFM2-MoE through the fused-MoE kernel waits on a MoE fix from another branch",
-            strict=False,
-        ),
-    ),
-    "zaya1",
-)
+ARCHS = ("lfm2", "lfm2_moe", "zaya1")
 LENGTHS = (1, 6, 19, 33)
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -99,9 +84,10 @@ def _forbidden(name: str) -> Callable[..., Any]:
 
 @pytest.fixture
 def triton_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Force the Triton kernels (interpreted), count them, and forbid SDPA (and, once the
-    fused-MoE kernel exists, the torch expert paths)."""
-    from shortconv.kernels import attention_triton
+    """Force the Triton kernels (interpreted), count them, and forbid SDPA and the torch
+    expert paths."""
+    from shortconv.kernels import attention_triton, moe_triton
+    from shortconv.layers.experts import FusedExperts
 
     monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -109,16 +95,10 @@ def triton_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     counted = [
         (attention_triton, "paged_attention_decode_triton"),
         (attention_triton, "paged_attention_extend_triton"),
+        (moe_triton, "fused_moe_triton"),
     ]
-    if HAS_MOE_TRITON:
-        counted.append(
-            (importlib.import_module("shortconv.kernels.moe_triton"), "fused_moe_triton")
-        )
-        from shortconv.layers.experts import FusedExperts
-
-        for name in ("_expert", "_padded", "_forward_dense"):
-            if hasattr(FusedExperts, name):
-                monkeypatch.setattr(FusedExperts, name, _forbidden(f"FusedExperts.{name}"))
+    for name in ("_expert", "_padded", "_forward_dense"):  # the torch expert paths
+        monkeypatch.setattr(FusedExperts, name, _forbidden(f"FusedExperts.{name}"))
     for mod, name in counted:
         monkeypatch.setattr(mod, name, _counting(calls, name, getattr(mod, name)))
     monkeypatch.setattr(F, "scaled_dot_product_attention", _forbidden("torch SDPA"))
@@ -135,7 +115,7 @@ def _run(eng: LLMEngine, prompt: list[int], session: str | None) -> tuple[list[i
 
 def test_greedy_parity_on_the_triton_path(case: Case, triton_path: Counter[str]) -> None:
     # Budget 8: long prompts are prefilled in chunks while earlier requests decode (mixed steps).
-    eng = LLMEngine(
+    eng = build_engine(
         case.path, dtype="float32", engine_config=EngineConfig(max_num_batched_tokens=8)
     )
     ids: dict[str, int] = {}
@@ -174,5 +154,5 @@ def _oracle_outside(case: Case, prompt: list[int]) -> OracleRun:
 def _assert_kernels_ran(calls: Counter[str], arch: str) -> None:
     assert calls["paged_attention_decode_triton"] > 0, calls
     assert calls["paged_attention_extend_triton"] > 0, calls
-    if HAS_MOE_TRITON and arch != "lfm2":
+    if arch != "lfm2":
         assert calls["fused_moe_triton"] > 0, calls

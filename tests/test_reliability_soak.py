@@ -31,7 +31,15 @@ MODEL = "tiny-lfm2"
 MAX_TOKENS = 10
 PROMPTS = [f"Prompt {i}: the weather in city number {i} is" for i in range(8)]
 CHAINS = [[f"Chain {c} turn {t}: what next?" for t in range(3)] for c in range(4)]
-ARGS = {"tiny_arch": "lfm2", "max_num_seqs": 8, "max_model_len": 256, "session_ttl_s": 3.0}
+# Within capacity: each replica admits 8 running + 64 waiting, so even if every client lands on
+# one replica nothing is refused (overload 503s are tested in test_serve_yaml/test_serve_api).
+ARGS = {
+    "tiny_arch": "lfm2",
+    "max_num_seqs": 8,
+    "max_waiting_requests": CLIENTS,
+    "max_model_len": 256,
+    "session_ttl_s": 3.0,
+}
 BAD_BODIES: list[tuple[str, Any]] = [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}),

@@ -15,6 +15,7 @@ from torch import nn
 
 from shortconv.backend import BaseStateBackend
 from shortconv.config import EngineConfig, ModelConfig
+from shortconv.hf_configs.zaya1 import CONVERTER_HINT
 from shortconv.layers.cca import CCAAttention, cca_state_dims, local_qk_channels
 from shortconv.layers.linear import mark_shard
 from shortconv.layers.norm import RMSNorm
@@ -22,11 +23,10 @@ from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.layers.vocab import LMHead, VocabEmbedding
 from shortconv.layers.zaya_moe import ZayaMoE
 from shortconv.models.weights import CheckpointError, WeightLoader
-from shortconv.models.zaya1_config import CONVERTER_HINT, parse_zaya_config
 from shortconv.parallel import ParallelContext
 from shortconv.state_pool import KVSpec, StateSpec
 
-__all__ = ["ZayaForCausalLM", "parse_zaya_config"]
+__all__ = ["ZayaForCausalLM"]
 
 # Key names of the original Zyphra layout (alternating attention / MoE layers).
 _LEGACY_KEY = re.compile(

@@ -85,10 +85,10 @@ class CCAProjection(nn.Module):
         self.head_dim = d
         heads = _heads(cfg, tp)
         self.num_heads, self.num_kv_heads, self.groups = heads.num_q, heads.num_kv, heads.groups
-        # Where the rank's own query heads sit among the group heads q_proj projects (0 and
-        # all of them unless KV heads are replicated).
+        # q_proj projects every query head of the rank's KV groups; the rank's own start at
+        # q_offset (at 0, and are all of them, unless KV heads are replicated).
         self.q_offset = heads.q_start - heads.group_q_start
-        group_q = heads.group_q_start * d, (heads.group_q_start + heads.num_kv * heads.groups) * d
+        group_q = (heads.group_q_start * d, (heads.group_q_start + heads.num_kv * heads.groups) * d)
         bias = cfg.attention_bias
         self.q_proj = ColumnSliceLinear(h, (group_q,), bias)
         self.k_proj = ColumnSliceLinear(h, heads.kv_rows(d), bias)

@@ -9,13 +9,17 @@ from typing import Any
 
 import torch
 
-# Architectures we serve, keyed by the `architectures[0]` / `model_type` of config.json.
-ARCH_BY_MODEL_TYPE = {"lfm2": "lfm2", "lfm2_moe": "lfm2_moe", "zaya": "zaya1"}
-ARCH_BY_CLASS = {
-    "Lfm2ForCausalLM": "lfm2",
-    "Lfm2MoeForCausalLM": "lfm2_moe",
-    "ZayaForCausalLM": "zaya1",
-}
+from shortconv.errors import CheckpointError, ConfigError
+from shortconv.hf_configs import model_fields, resolve_arch
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "EngineConfig",
+    "ModelConfig",
+    "resolve_arch",
+    "resolve_dtype",
+]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -26,14 +30,6 @@ _DTYPES = {
     "fp16": torch.float16,
     "half": torch.float16,
 }
-
-
-class ConfigError(ValueError):
-    """A checkpoint or engine setting that cannot be served, with the reason."""
-
-
-class CheckpointError(ValueError):
-    """The checkpoint's files do not match the model its config.json describes."""
 
 
 @dataclass(frozen=True)
@@ -98,24 +94,8 @@ class ModelConfig:
 
     @staticmethod
     def from_hf_dict(raw: dict[str, Any]) -> ModelConfig:
-        from shortconv.models.registry import parse_hf_config
-
-        return parse_hf_config(raw)
-
-
-def resolve_arch(raw: dict[str, Any]) -> str:
-    """Map config.json's `architectures`/`model_type` to one of our arch names, or refuse."""
-    for cls in raw.get("architectures") or []:
-        if cls in ARCH_BY_CLASS:
-            return ARCH_BY_CLASS[cls]
-    model_type = raw.get("model_type")
-    if model_type in ARCH_BY_MODEL_TYPE:
-        return ARCH_BY_MODEL_TYPE[model_type]
-    supported = ", ".join(sorted(ARCH_BY_CLASS))
-    raise ConfigError(
-        f"unsupported architecture {raw.get('architectures')!r} (model_type={model_type!r}); "
-        f"supported: {supported}"
-    )
+        """Read through the architecture's transformers config class (see shortconv.hf_configs)."""
+        return ModelConfig(**model_fields(raw), raw=raw)
 
 
 def resolve_dtype(dtype: str | torch.dtype, raw: dict[str, Any] | None = None) -> torch.dtype:

@@ -40,7 +40,7 @@ def build_engine(
     engine_config: EngineConfig | None = None,
 ) -> LLMEngine:
     """Plan the worker spec, start its executor, and give both to a new engine."""
-    spec = plan_worker_spec(model, engine_config, dtype, device)
+    spec = plan_worker_spec(model, engine_config, dtype, device, tp_size)
     return LLMEngine(spec, build_executor(spec, tp_size), seed=seed)
 
 

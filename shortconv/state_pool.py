@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,10 @@ class StateSpec:
     layer_ids: tuple[int, ...]
     shape: tuple[int, ...]
 
+    def bytes_per_slot(self, itemsize: int) -> int:
+        """What one slot of this state costs this rank, over all its layers."""
+        return len(self.layer_ids) * math.prod(self.shape) * itemsize
+
 
 @dataclass(frozen=True)
 class KVSpec:
@@ -26,6 +31,12 @@ class KVSpec:
     head_dim: int
     page_size: int
     num_pages: int
+
+    def bytes_per_page(self, itemsize: int) -> int:
+        """What one KV page (K and V, every attention layer) costs this rank."""
+        return (
+            2 * len(self.layer_ids) * self.page_size * self.num_kv_heads * self.head_dim * itemsize
+        )
 
 
 class StatePool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from shortconv.config import ConfigError, ModelConfig
+from shortconv.head_shard import head_shard
 
 # arch -> device types with a short-conv backend.
 SUPPORTED_DEVICES: dict[str, frozenset[str]] = {
@@ -26,11 +27,8 @@ def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
         )
     if tp_size < 1:
         raise ConfigError(f"tp_size must be >= 1, got {tp_size}")
-    dims = {
-        "attention heads (num_attention_heads)": cfg.num_heads,
-        "KV heads (num_key_value_heads)": cfg.num_kv_heads,
-        "vocab_size": cfg.vocab_size,
-    }
+    head_shard(cfg.num_heads, cfg.num_kv_heads, tp_size)  # refuses heads that cannot split
+    dims = {"vocab_size": cfg.vocab_size}
     if cfg.arch in ("lfm2", "lfm2_moe"):
         dims["conv channels (hidden_size)"] = cfg.hidden_size
         dims["intermediate_size"] = cfg.intermediate_size
@@ -39,10 +37,3 @@ def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
     for what, n in dims.items():
         if n % tp_size:
             raise ConfigError(f"tp_size={tp_size} does not divide {what} = {n}")
-    if cfg.arch == "zaya1" and tp_size > 1 and cfg.num_kv_heads % (2 * tp_size):
-        # Half of ZAYA1's value heads carry the previous token; each rank takes a block of both.
-        raise ConfigError(
-            f"tp_size={tp_size} needs KV heads (num_key_value_heads) = {cfg.num_kv_heads} to be "
-            f"divisible by 2*tp_size = {2 * tp_size} for ZAYA1 (current- and previous-token "
-            "value heads are split separately)"
-        )

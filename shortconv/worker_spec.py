@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from shortconv.config import ConfigError, EngineConfig, ModelConfig, resolve_dtype
+from shortconv.head_shard import head_shard
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,10 @@ def plan_worker_spec(
     engine_config: EngineConfig | None = None,
     dtype: str = "auto",
     device: str | torch.device = "cpu",
+    tp_size: int = 1,
 ) -> WorkerSpec:
-    """Read the checkpoint's config and size the pools; refuses a length that cannot fit."""
+    """Read the checkpoint's config and size the pools for `tp_size` ranks (KV memory is
+    accounted per rank); refuses a length that cannot fit."""
     model_dir = Path(model)
     cfg = ModelConfig.from_dir(model_dir)
     eng = engine_config or EngineConfig()
@@ -57,21 +60,24 @@ def plan_worker_spec(
             f"max_model_len={max_len} exceeds the model's "
             f"max_position_embeddings={cfg.max_model_len}"
         )
-    capacity = plan_capacity(cfg, eng, max_len, torch_dtype)
+    capacity = plan_capacity(cfg, eng, max_len, torch_dtype, tp_size)
     max_len = _fit_max_len(max_len, capacity, eng)
     return WorkerSpec(model_dir, cfg, eng, capacity, torch_dtype, torch.device(device), max_len)
 
 
 def plan_capacity(
-    cfg: ModelConfig, eng: EngineConfig, max_len: int, dtype: torch.dtype
+    cfg: ModelConfig, eng: EngineConfig, max_len: int, dtype: torch.dtype, tp_size: int = 1
 ) -> Capacity:
+    """Slots and KV pages. `kv_cache_bytes` caps one rank's KV pool: a page costs a rank only
+    the KV heads it holds (a replicated KV head costs every rank holding it)."""
     # Spare slots beyond max_num_seqs hold kept session checkpoints.
     slots = eng.num_state_slots or 2 * eng.max_num_seqs + 1
     if eng.num_kv_pages:
         return Capacity(slots, eng.num_kv_pages)
     per_seq = -(-max_len // eng.kv_page_size)
     n_attn = max(1, len(cfg.attention_layer_ids))
-    page_bytes = 2 * n_attn * eng.kv_page_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    hk = head_shard(cfg.num_heads, cfg.num_kv_heads, tp_size).num_kv
+    page_bytes = 2 * n_attn * eng.kv_page_size * hk * cfg.head_dim * dtype.itemsize
     budget_pages = max(2, eng.kv_cache_bytes // page_bytes)
     return Capacity(slots, int(min(1 + eng.max_num_seqs * per_seq, budget_pages)))
 

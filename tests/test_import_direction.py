@@ -33,13 +33,7 @@ FACADE = "shortconv.llm"
 # Cycles that exist today and are being removed elsewhere, each named by the import that closes
 # it (src, dst) and why it is still there. The cycle check ignores these imports;
 # `test_known_cycles_are_still_there` fails once one no longer closes a cycle: then delete it.
-KNOWN_CYCLES: dict[tuple[str, str], str] = {
-    ("shortconv.config", "shortconv.models.registry"): (
-        "ModelConfig.from_dir asks the registry to parse the architecture's HF config, and the "
-        "registry imports the models, whose layers import config (config parsing is being "
-        "moved out of the registry)"
-    ),
-}
+KNOWN_CYCLES: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,21 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("xdg-cache")  # empty: the first start builds the model
 
 
-@pytest.fixture(params=["zaya1", "lfm2", "lfm2_moe"])
+# YAML file, and the args a user changes in it: ZAYA1's 2 KV heads split over 2 gloo ranks
+# (rank 0 the current-token value head, rank 1 the previous-token one).
+SERVED = {
+    "zaya1": ("zaya1", {}),
+    "zaya1-tp2": ("zaya1", {"tp_size": 2}),
+    "lfm2": ("lfm2", {}),
+    "lfm2_moe": ("lfm2_moe", {}),
+}
+
+
+@pytest.fixture(params=list(SERVED))
 def served(request: pytest.FixtureRequest, cache_dir: Path) -> Iterator[tuple[str, AppArgs]]:
-    name = request.param
+    name, changes = SERVED[request.param]
     config = yaml.safe_load((ROOT / "deployments" / f"{name}.yaml").read_text())
+    config["applications"][0]["args"].update(changes)
     args = parse_args(config["applications"][0]["args"])  # the YAML's args are valid AppArgs
     with serve_run(config, START_TIMEOUT_S, env={"XDG_CACHE_HOME": str(cache_dir)}) as (base, _):
         yield base, args

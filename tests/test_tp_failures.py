@@ -53,7 +53,14 @@ def config_only(src: Path, dst: Path, **changes: object) -> Path:
 
 BAD_TP = [
     pytest.param({}, 3, "attention heads", id="heads"),
-    pytest.param({}, 4, "KV heads", id="kv-heads"),
+    pytest.param({}, 8, "attention heads", id="heads-above-tp"),
+    # 3 KV heads at tp 2: rank 0's query heads 0-2 would use KV heads 0 and 1.
+    pytest.param(
+        {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3},
+        2,
+        "KV heads",
+        id="kv-heads",
+    ),
     pytest.param(
         {"hidden_size": 66, "num_key_value_heads": 4, "head_dim": 16},
         4,
@@ -75,13 +82,14 @@ def test_bad_tp_size_is_refused_before_any_actor(ckpt, tmp_path, changes, tp_siz
     assert ray.is_initialized() == was_up
 
 
-def test_zaya1_cca_head_split_is_refused_before_any_actor(tmp_path):
+def test_zaya1_kv_heads_that_cannot_follow_their_queries_are_refused(tmp_path):
     if reason := transformers_lacks("zaya"):
         pytest.skip(reason)  # the one documented skip: no transformers to write the checkpoint
     zaya = make_tiny_checkpoint("zaya1", tmp_path / "z", seed=1, with_tokenizer=False)
-    model = config_only(zaya, tmp_path / "cfg")  # KV heads = 2: one per rank, no split left
+    # 6 query / 3 KV heads at tp 2: a rank's query heads would straddle two KV heads.
+    model = config_only(zaya, tmp_path / "cfg", num_attention_heads=6, num_key_value_heads=3)
     was_up = ray.is_initialized()
-    with pytest.raises(ConfigError, match="KV heads"):
+    with pytest.raises(ConfigError, match="tp_size=2 does not divide KV heads"):
         LLM(model, tp_size=2, dtype="float32", **SMALL)
     assert ray.is_initialized() == was_up
 

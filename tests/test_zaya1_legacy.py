@@ -118,22 +118,26 @@ def test_config_parsing_and_refusals(cli_ckpt: Path) -> None:
         ModelConfig.from_hf_dict(_raw(cli_ckpt, hidden_act="mystery"))
 
 
-def test_tp_sizes_that_split_heads_unevenly_are_refused(cli_ckpt: Path) -> None:
+def test_tp_sizes_that_cannot_split_heads_are_refused(cli_ckpt: Path) -> None:
     cpu = torch.device("cpu")
     cfg = ModelConfig.from_dir(cli_ckpt)  # 4 heads, 2 KV heads
-    check_support(cfg, cpu, 1)
-    with pytest.raises(ConfigError, match="num_key_value_heads"):
-        check_support(cfg, cpu, 2)  # 2 KV heads cannot give each rank current + previous halves
-    with pytest.raises(ConfigError, match="num_attention_heads"):
-        check_support(cfg, cpu, 3)
-    wide = ModelConfig.from_hf_dict(_raw(cli_ckpt, num_attention_heads=8, num_key_value_heads=4))
-    check_support(wide, cpu, 2)
+    for tp in (1, 2, 4):  # 2: one KV head per rank; 4: each KV head on two ranks
+        check_support(cfg, cpu, tp)
+    for tp in (3, 8):
+        with pytest.raises(ConfigError, match=r"does not divide attention heads \(num_attention"):
+            check_support(cfg, cpu, tp)
+    odd = ModelConfig.from_hf_dict(_raw(cli_ckpt, num_attention_heads=6, num_key_value_heads=3))
+    with pytest.raises(ConfigError, match=r"tp_size=2 does not divide KV heads \(num_key_value"):
+        check_support(odd, cpu, 2)  # rank 0's query heads 0-2 would need KV heads 0 and 1
 
 
-def test_tp_rank_shards_keep_each_heads_channels_together(tmp_path: Path) -> None:
-    """Rank r takes KV-head block r of each value half (current, previous), their query heads,
-    and the matching q/k/conv channels, temp entries and o_proj columns."""
-    hq, hk, d, tp = 8, 4, 8, 2
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tp_rank_shards_follow_the_heads_attention_sees(tmp_path: Path, tp: int) -> None:
+    """8 query / 2 KV heads: rank r attends with query heads [r*8/tp, (r+1)*8/tp) and the KV
+    head they use, j // 4 (head 0: current-token values, head 1: previous-token values). Its
+    q_proj also holds the rest of that KV head's group when the KV head is replicated (tp > 2):
+    the key residual averages over the whole group."""
+    hq, hk, d, hidden = 8, 2, 8, 64
     hf = build_hf_model(
         "zaya1",
         {
@@ -147,27 +151,32 @@ def test_tp_rank_shards_keep_each_heads_channels_together(tmp_path: Path) -> Non
     hf.save_pretrained(str(tmp_path))
     cfg = ModelConfig.from_dir(tmp_path)
     full = hf.model.layers[1].self_attn
-    groups, m = hq // hk, hk // (2 * tp)
+    proj = full.qkv_proj
+
+    def heads(w: torch.Tensor, idx: list[int]) -> torch.Tensor:
+        return w.view(-1, d, *w.shape[1:])[idx].reshape(-1, *w.shape[1:])
+
     for rank in range(tp):
+        own = list(range(rank * hq // tp, (rank + 1) * hq // tp))
+        kv = own[0] // (hq // hk)
+        group = list(range(kv * 4, kv * 4 + 4))
         model = ZayaForCausalLM(cfg, ParallelContext(rank=rank, size=tp))
         model.load_weights(iter_checkpoint(tmp_path))
-        kv = [h for half in (0, hk // 2) for h in range(half + rank * m, half + (rank + 1) * m)]
-        qh = [q for h in kv for q in range(h * groups, (h + 1) * groups)]
         ours = model.layers[1].self_attn
-        fq = full.qkv_proj.q_proj.weight.view(hq, d, -1)
-        fk = full.qkv_proj.k_proj.weight.view(hk, d, -1)
-        torch.testing.assert_close(ours.qkv_proj.q_proj.weight, fq[qh].reshape(-1, 64))
-        torch.testing.assert_close(ours.qkv_proj.k_proj.weight, fk[kv].reshape(-1, 64))
-        fv = torch.cat([full.qkv_proj.v_proj_current.weight, full.qkv_proj.v_proj_delayed.weight])
-        ov = torch.cat([ours.qkv_proj.v_proj_current.weight, ours.qkv_proj.v_proj_delayed.weight])
-        torch.testing.assert_close(ov, fv.view(hk, d, -1)[kv].reshape(-1, 64))
-        rows = [c for h in qh for c in range(h * d, (h + 1) * d)]
-        rows += [hq * d + c for h in kv for c in range(h * d, (h + 1) * d)]
-        fg = full.qkv_proj.conv_qk_grouped
-        torch.testing.assert_close(ours.qkv_proj.conv_qk_grouped.weight, fg.weight[rows])
+        torch.testing.assert_close(ours.qkv_proj.q_proj.weight, heads(proj.q_proj.weight, group))
+        torch.testing.assert_close(ours.qkv_proj.k_proj.weight, heads(proj.k_proj.weight, [kv]))
+        current, delayed = ours.qkv_proj.v_proj_current, ours.qkv_proj.v_proj_delayed
+        if kv == 0:
+            torch.testing.assert_close(current.weight, proj.v_proj_current.weight)
+            assert delayed.weight.shape == (0, hidden)
+        else:
+            torch.testing.assert_close(delayed.weight, proj.v_proj_delayed.weight)
+            torch.testing.assert_close(delayed.bias, proj.v_proj_delayed.bias)
+            assert current.weight.shape == (0, hidden)
+        conv = proj.conv_qk_grouped.weight  # q heads then k heads, per head d channels
         torch.testing.assert_close(
-            ours.qkv_proj.conv_qk_depthwise.bias, full.qkv_proj.conv_qk_depthwise.bias[rows]
+            ours.qkv_proj.conv_qk_grouped.weight, heads(conv, own + [hq + kv])
         )
-        torch.testing.assert_close(ours.qk_norm.temp, full.qk_norm.temp[kv])
-        fo = full.o_proj.weight.view(64, hq, d)
-        torch.testing.assert_close(ours.o_proj.weight, fo[:, qh].reshape(64, -1))
+        torch.testing.assert_close(ours.qk_norm.temp, full.qk_norm.temp[[kv]])
+        o_cols = full.o_proj.weight.view(hidden, hq, d)[:, own].reshape(hidden, -1)
+        torch.testing.assert_close(ours.o_proj.weight, o_cols)

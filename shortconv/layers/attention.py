@@ -7,8 +7,9 @@ from torch import nn
 
 from shortconv.backend import BaseStateBackend
 from shortconv.config import ModelConfig
+from shortconv.head_shard import head_shard
 from shortconv.kernels import paged_attention, write_kv
-from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear
+from shortconv.layers.linear import ColumnParallelLinear, ColumnSliceLinear, RowParallelLinear
 from shortconv.layers.norm import RMSNorm
 from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.parallel import ParallelContext
@@ -19,13 +20,14 @@ class Lfm2Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.head_dim = d = cfg.head_dim
-        self.num_heads = tp.shard(cfg.num_heads, "attention heads")
-        self.num_kv_heads = tp.shard(cfg.num_kv_heads, "KV heads")
+        heads = head_shard(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank)
+        self.num_heads, self.num_kv_heads = heads.num_q, heads.num_kv
         self.scale = d**-0.5
         h = cfg.hidden_size
         self.q_proj = ColumnParallelLinear(h, cfg.num_heads * d, False, tp)
-        self.k_proj = ColumnParallelLinear(h, cfg.num_kv_heads * d, False, tp)
-        self.v_proj = ColumnParallelLinear(h, cfg.num_kv_heads * d, False, tp)
+        # The KV heads this rank's query heads use (several ranks hold one when replicated).
+        self.k_proj = ColumnSliceLinear(h, heads.kv_rows(d), False)
+        self.v_proj = ColumnSliceLinear(h, heads.kv_rows(d), False)
         self.out_proj = RowParallelLinear(cfg.num_heads * d, h, False, tp)
         self.q_layernorm = RMSNorm(d, cfg.norm_eps)
         self.k_layernorm = RMSNorm(d, cfg.norm_eps)

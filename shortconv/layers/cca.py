@@ -1,11 +1,17 @@
 """ZAYA1 Compressed Convolutional Attention: conv-mixed q/k, previous-token values, paged GQA.
 
-Tensor parallelism. ZAYA1's value vector is [current-token half ‖ previous-token half] of
-Hk*d channels viewed as Hk heads, so KV heads 0..Hk/2-1 carry current-token values and the rest
-previous-token values. Each rank therefore takes block r of the first half of the KV heads AND
-block r of the second half (with their query heads), which makes every projection a plain
-"two packed parts" split and gives every rank an equal share of the previous-token state.
-q/k channels of one head stay together, and the conv weights follow the same head blocks.
+Tensor parallelism. ZAYA1's value vector is [current-token ‖ previous-token] channels
+(Hk*d/2 each) viewed as Hk heads, and query head j attends with KV head j // (Hq/Hk). Heads are
+split as attention sees them (shortconv.head_shard): rank r holds a contiguous block of query
+heads and the KV heads they use, so at tp 2 on 2 KV heads rank 0 holds the current-token head
+and rank 1 the previous-token head, each with its 4 query heads. A rank's value channels are
+thus all current-token, all previous-token, or (a head straddling the middle) both:
+v_proj_current, v_proj_delayed and the previous-token state hold this rank's part, possibly
+none. The CCA conv is per channel (depthwise) and per head (grouped), so a rank convolves the
+q‖k channels of its own query and KV heads, and its conv state holds exactly those.
+With replicated KV heads (tp > Hk), a KV head's key residual averages the query residuals of
+its whole group, part of which other ranks attend with; so q_proj also projects the group's
+other query heads (loaded, a few rows) and only the rank's own go on to the conv and attention.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shortconv.backend import BaseStateBackend
+from shortconv.backend import BaseStateBackend, ShortConvMetadata
 from shortconv.config import ModelConfig
+from shortconv.head_shard import HeadShard, head_shard
 from shortconv.kernels import (
     cca_conv_fn,
     cca_conv_update,
@@ -23,41 +30,53 @@ from shortconv.kernels import (
     paged_attention,
     write_kv,
 )
-from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, mark_shard
+from shortconv.layers.linear import (
+    ColumnSliceLinear,
+    RowParallelLinear,
+    mark_rows,
+)
 from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.parallel import ParallelContext
 
 
+def _heads(cfg: ModelConfig, tp: ParallelContext) -> HeadShard:
+    return head_shard(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank)
+
+
+def value_rows(cfg: ModelConfig, heads: HeadShard) -> tuple[tuple[int, int], tuple[int, int]]:
+    """[start, stop) rows of v_proj_current and of v_proj_delayed this rank holds: its KV heads'
+    channels of the [current ‖ previous] value vector, cut at the middle (either may be empty)."""
+    half = cfg.num_kv_heads * cfg.head_dim // 2
+    ((lo, hi),) = heads.kv_rows(cfg.head_dim)
+    return (min(lo, half), min(hi, half)), (max(lo, half) - half, max(hi, half) - half)
+
+
+def qk_rows(cfg: ModelConfig, heads: HeadShard) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The rank's channels of the conv's [q (Hq*d) ‖ k (Hk*d)] packing: its own query heads,
+    then its KV heads."""
+    d, q_channels = cfg.head_dim, cfg.num_heads * cfg.head_dim
+    ((k_lo, k_hi),) = heads.kv_rows(d)
+    own_q = (heads.q_start * d, (heads.q_start + heads.num_q) * d)
+    return own_q, (q_channels + k_lo, q_channels + k_hi)
+
+
 def cca_state_dims(cfg: ModelConfig, tp: ParallelContext) -> tuple[int, int, int]:
     """(conv channels, conv state width K, previous-token state width) of one rank's shard."""
-    hq = tp.shard(cfg.num_heads, "attention heads (num_attention_heads)")
-    hk = tp.shard(cfg.num_kv_heads, "KV heads (num_key_value_heads)")
+    heads = _heads(cfg, tp)
     k = (cfg.cca_time0 - 1) + (cfg.cca_time1 - 1)
-    return (hq + hk) * cfg.head_dim, k, hk * cfg.head_dim // 2
-
-
-def local_qk_channels(full: torch.Tensor, q_channels: int, tp: ParallelContext) -> torch.Tensor:
-    """This rank's rows of a tensor whose dim 0 packs [q (q_channels) ‖ k] channels: for q and
-    for k, block r of each half (see the module docstring)."""
-    if tp.size == 1:
-        return full
-    parts = []
-    for block in (full[:q_channels], full[q_channels:]):
-        parts += [half.chunk(tp.size, dim=0)[tp.rank] for half in block.chunk(2, dim=0)]
-    return torch.cat(parts, dim=0)
+    _, (prev_lo, prev_hi) = value_rows(cfg, heads)
+    return (heads.num_q + heads.num_kv) * cfg.head_dim, k, prev_hi - prev_lo
 
 
 class _ConvParams(nn.Module):
-    """Holds one conv stage's weight and bias under the checkpoint's names.
+    """Holds one conv stage's weight and bias under the checkpoint's names: the rows of this
+    rank's q‖k channels (see `qk_rows`)."""
 
-    NOTE: replicated marks because ZayaForCausalLM.load_weights hands over the rank's rows
-    already (the q‖k packing has unequal parts, which mark_shard cannot describe).
-    """
-
-    def __init__(self, channels: int, shape: tuple[int, ...]):
+    def __init__(self, rows: tuple[tuple[int, int], ...], shape: tuple[int, ...]):
         super().__init__()
-        self.weight = mark_shard(nn.Parameter(torch.empty(channels, *shape)), None)
-        self.bias = mark_shard(nn.Parameter(torch.empty(channels)), None)
+        n = sum(stop - start for start, stop in rows)
+        self.weight = mark_rows(nn.Parameter(torch.empty(n, *shape)), 0, rows)
+        self.bias = mark_rows(nn.Parameter(torch.empty(n)), 0, rows)
 
 
 class CCAProjection(nn.Module):
@@ -69,39 +88,45 @@ class CCAProjection(nn.Module):
         self.layer_id = layer_id
         d, h = cfg.head_dim, cfg.hidden_size
         self.head_dim = d
-        self.num_heads = tp.shard(cfg.num_heads, "attention heads (num_attention_heads)")
-        self.num_kv_heads = tp.shard(cfg.num_kv_heads, "KV heads (num_key_value_heads)")
-        self.groups = self.num_heads // self.num_kv_heads
-        parts = 2 if tp.size > 1 else 1
+        heads = _heads(cfg, tp)
+        self.num_heads, self.num_kv_heads, self.groups = heads.num_q, heads.num_kv, heads.groups
+        # q_proj projects every query head of the rank's KV groups; the rank's own start at
+        # q_offset (at 0, and are all of them, unless KV heads are replicated).
+        self.q_offset = heads.q_start - heads.group_q_start
+        group_q = (heads.group_q_start * d, (heads.group_q_start + heads.num_kv * heads.groups) * d)
         bias = cfg.attention_bias
-        self.q_proj = ColumnParallelLinear(h, cfg.num_heads * d, bias, tp, parts=parts)
-        self.k_proj = ColumnParallelLinear(h, cfg.num_kv_heads * d, bias, tp, parts=parts)
-        self.v_proj_current = ColumnParallelLinear(h, cfg.num_kv_heads * d // 2, bias, tp)
-        self.v_proj_delayed = ColumnParallelLinear(h, cfg.num_kv_heads * d // 2, bias, tp)
-        chans, _, _ = cca_state_dims(cfg, tp)
-        self.conv_qk_depthwise = _ConvParams(chans, (cfg.cca_time0,))
-        self.conv_qk_grouped = _ConvParams(chans, (d, cfg.cca_time1))
+        self.q_proj = ColumnSliceLinear(h, (group_q,), bias)
+        self.k_proj = ColumnSliceLinear(h, heads.kv_rows(d), bias)
+        current, previous = value_rows(cfg, heads)
+        self.v_proj_current = ColumnSliceLinear(h, (current,), bias)
+        self.v_proj_delayed = ColumnSliceLinear(h, (previous,), bias)
+        self.has_current, self.has_previous = current[1] > current[0], previous[1] > previous[0]
+        rows = qk_rows(cfg, heads)
+        self.conv_qk_depthwise = _ConvParams(rows, (cfg.cca_time0,))
+        self.conv_qk_grouped = _ConvParams(rows, (d, cfg.cca_time1))
 
     def forward(
         self, x: torch.Tensor, backend: BaseStateBackend
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t, d, hq, hk = x.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
+        gq = hk * self.groups  # query heads of this rank's KV groups; hq of them its own
         q0, k0 = self.q_proj(x), self.k_proj(x)
         # Residual paths: q_res = (q + its KV head's k) / 2; k_res = mean of its group's q_res.
-        k_rep = k0.view(t, hk, 1, d).expand(t, hk, self.groups, d).reshape(t, hq, d)
-        q_res = (q0.view(t, hq, d) + k_rep) * 0.5
+        k_rep = k0.view(t, hk, 1, d).expand(t, hk, self.groups, d).reshape(t, gq, d)
+        q_res = (q0.view(t, gq, d) + k_rep) * 0.5
         k_res = q_res.view(t, hk, self.groups, d).mean(dim=-2)
+        if gq != hq:  # replicated KV heads: only this rank's own query heads go on
+            own = slice(self.q_offset, self.q_offset + hq)
+            q0, q_res = q0.view(t, gq, d)[:, own].reshape(t, hq * d), q_res[:, own]
 
         md = backend.conv_state_metadata(self.layer_id)
         assert md.extra_state is not None, "ZAYA1 needs the prev_state pool (extra_state_name)"
         qk = torch.cat([q0, k0], dim=-1)
         dw, gw = self.conv_qk_depthwise, self.conv_qk_grouped
-        delayed = self.v_proj_delayed(x)
         if md.is_decode:
             conv = cca_conv_update(
                 qk, md.conv_state, dw.weight, dw.bias, gw.weight, gw.bias, md.cache_indices
             )
-            prev = cca_prev_value_update(delayed, md.extra_state, md.cache_indices)
         else:
             conv = cca_conv_fn(
                 qk.t(),
@@ -114,19 +139,30 @@ class CCAProjection(nn.Module):
                 md.cache_indices,
                 md.has_initial_state,
             ).t()
-            # A fresh sequence's first token sees v_proj_delayed(0), which is the bias.
-            prev = cca_prev_value_fn(
-                delayed,
-                md.extra_state,
-                self.v_proj_delayed.bias,
-                md.query_start_loc,
-                md.cache_indices,
-                md.has_initial_state,
-            )
         q = conv[:, : hq * d].reshape(t, hq, d) + q_res
         k = conv[:, hq * d :].reshape(t, hk, d) + k_res
-        v = torch.cat([self.v_proj_current(x), prev], dim=-1).view(t, hk, d)
-        return q, k, v
+        return q, k, self._values(x, md).view(t, hk, d)
+
+    def _values(self, x: torch.Tensor, md: ShortConvMetadata) -> torch.Tensor:
+        """This rank's value channels: its current-token part, then its previous-token part."""
+        parts = [self.v_proj_current(x)] if self.has_current else []
+        if self.has_previous:
+            parts.append(self._previous_values(self.v_proj_delayed(x), md))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _previous_values(self, delayed: torch.Tensor, md: ShortConvMetadata) -> torch.Tensor:
+        """Each token's previous-token delayed value; updates the slot's prev_state."""
+        if md.is_decode:
+            return cca_prev_value_update(delayed, md.extra_state, md.cache_indices)
+        # A fresh sequence's first token sees v_proj_delayed(0), which is the bias.
+        return cca_prev_value_fn(
+            delayed,
+            md.extra_state,
+            self.v_proj_delayed.bias,
+            md.query_start_loc,
+            md.cache_indices,
+            md.has_initial_state,
+        )
 
 
 class CCAQKNorm(nn.Module):
@@ -135,8 +171,9 @@ class CCAQKNorm(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: ParallelContext):
         super().__init__()
         self.scale = cfg.head_dim**0.5
-        hk = tp.shard(cfg.num_kv_heads, "KV heads (num_key_value_heads)")
-        self.temp = mark_shard(nn.Parameter(torch.empty(hk)), 0, parts=2 if tp.size > 1 else 1)
+        heads = _heads(cfg, tp)
+        kv = ((heads.kv_start, heads.kv_start + heads.num_kv),)
+        self.temp = mark_rows(nn.Parameter(torch.empty(heads.num_kv)), 0, kv)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         eps = torch.finfo(q.dtype).eps
@@ -156,8 +193,6 @@ class CCAAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.attention_bias, tp
         )
-        if tp.size > 1:
-            mark_shard(self.o_proj.weight, 1, parts=2)  # columns follow the two head halves
         self.rope = rope
         self.scale = cfg.head_dim**-0.5
 

@@ -8,8 +8,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortconv.config import CheckpointError
+from shortconv.layers.shard import load_shard_, mark_rows, mark_shard
 from shortconv.parallel import ParallelContext
+
+__all__ = [
+    "ColumnParallelLinear",
+    "ColumnSliceLinear",
+    "Packable",
+    "ReplicatedLinear",
+    "RowParallelLinear",
+    "linear",
+    "load_shard_",
+    "mark_rows",
+    "mark_shard",
+    "prepack_linears",
+    "silu_mul",
+]
 
 # Weights at least this large (elements) run through oneDNN's inner product on CPU: for fp32 it
 # measured 1.2-3x faster than F.linear's default GEMM at decode batch sizes (1..128 rows) on the
@@ -139,42 +153,6 @@ def prepack_linears(model: nn.Module) -> int:
     return added
 
 
-def mark_shard(param: nn.Parameter, dim: int | None, parts: int = 1) -> nn.Parameter:
-    """Record how the full checkpoint tensor maps onto this rank's parameter.
-
-    dim=None: replicated. `parts` > 1: the full tensor packs `parts` equal blocks along `dim`
-    (e.g. LFM2's in_proj = B‖C‖x) and each block is split separately.
-    """
-    param.shard_dim = dim  # type: ignore[attr-defined]
-    param.shard_parts = parts  # type: ignore[attr-defined]
-    return param
-
-
-def load_shard_(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext, name: str) -> None:
-    """Copy this rank's block of `full` into `param`, with a clear error on any shape mismatch."""
-    dim = getattr(param, "shard_dim", None)
-    parts = getattr(param, "shard_parts", 1)
-    t = full
-    if dim is not None and tp.size > 1:
-        blocks = t.chunk(parts, dim=dim)
-        t = torch.cat([b.chunk(tp.size, dim=dim)[tp.rank] for b in blocks], dim=dim)
-    if t.shape != param.shape:
-        raise CheckpointError(
-            f"checkpoint tensor {name!r} has shape {tuple(full.shape)}, expected "
-            f"{_full_shape(param, tp)} for this model config"
-        )
-    with torch.no_grad():
-        param.copy_(t.to(param.dtype))
-
-
-def _full_shape(param: nn.Parameter, tp: ParallelContext) -> tuple[int, ...]:
-    dim = getattr(param, "shard_dim", None)
-    shape = list(param.shape)
-    if dim is not None:
-        shape[dim] *= tp.size
-    return tuple(shape)
-
-
 class ColumnParallelLinear(Packable):
     """y = x W^T (+ b); each rank holds out_features/tp rows (per packed part)."""
 
@@ -203,6 +181,22 @@ class RowParallelLinear(Packable):
         y = self.tp.all_reduce(linear(x, self.weight, None, self.packed))
         # NOTE: bias after the reduction, so it is added once, not tp_size times.
         return y + self.bias if self.bias is not None else y
+
+
+class ColumnSliceLinear(Packable):
+    """y = x W[rows]^T (+ b[rows]): the output rows `rows` ([start, stop) ranges of the full
+    weight, concatenated) that this rank needs, e.g. the KV heads its query heads use, which
+    several ranks may hold alike (replicated) or which may be empty on a rank (ZAYA1's
+    previous-token values live on the ranks holding those heads only)."""
+
+    def __init__(self, in_f: int, rows: tuple[tuple[int, int], ...], bias: bool):
+        super().__init__()
+        n = sum(stop - start for start, stop in rows)
+        self.weight = mark_rows(nn.Parameter(torch.empty(n, in_f)), 0, rows)
+        self.bias = mark_rows(nn.Parameter(torch.empty(n)), 0, rows) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.packed)
 
 
 class ReplicatedLinear(Packable):

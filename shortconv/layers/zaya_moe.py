@@ -16,33 +16,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from shortconv.config import ConfigError, ModelConfig
+from shortconv.hf_configs.zaya1 import EXPERT_ACTIVATION_NAMES, expert_activation_name
 from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.experts import FusedExperts
 from shortconv.layers.linear import ReplicatedLinear, mark_shard
 from shortconv.layers.norm import RMSNorm
 from shortconv.parallel import ParallelContext
 
-# transformers ACT2FN names → the fused-MoE kernel's activation names (same math).
-EXPERT_ACTIVATION_NAMES: dict[str, str] = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu": "gelu",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-}
 EXPERT_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     hf: ACTIVATIONS[kernel] for hf, kernel in EXPERT_ACTIVATION_NAMES.items()
 }
-
-
-def expert_activation_name(name: str) -> str:
-    """The kernel activation name for a transformers `hidden_act`; ConfigError if unknown."""
-    if name not in EXPERT_ACTIVATION_NAMES:
-        raise ConfigError(
-            f"hidden_act {name!r} is not supported for ZAYA1 experts; "
-            f"supported: {', '.join(sorted(EXPERT_ACTIVATION_NAMES))}"
-        )
-    return EXPERT_ACTIVATION_NAMES[name]
 
 
 def expert_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:

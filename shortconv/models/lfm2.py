@@ -9,6 +9,7 @@ from torch import nn
 
 from shortconv.backend import BaseStateBackend
 from shortconv.config import EngineConfig, ModelConfig
+from shortconv.head_shard import head_shard
 from shortconv.layers.attention import Lfm2Attention
 from shortconv.layers.mlp import SwiGLU
 from shortconv.layers.moe import SigmoidTopKMoE
@@ -77,7 +78,7 @@ class Lfm2ForCausalLM(nn.Module):
 
     @staticmethod
     def kv_spec(cfg: ModelConfig, tp: ParallelContext, eng: EngineConfig, pages: int) -> KVSpec:
-        hk = tp.shard(cfg.num_kv_heads, "KV heads")
+        hk = head_shard(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank).num_kv
         return KVSpec(cfg.attention_layer_ids, hk, cfg.head_dim, eng.kv_page_size, pages)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

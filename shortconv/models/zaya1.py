@@ -15,18 +15,19 @@ from torch import nn
 
 from shortconv.backend import BaseStateBackend
 from shortconv.config import EngineConfig, ModelConfig
-from shortconv.layers.cca import CCAAttention, cca_state_dims, local_qk_channels
+from shortconv.head_shard import head_shard
+from shortconv.hf_configs.zaya1 import CONVERTER_HINT
+from shortconv.layers.cca import CCAAttention, cca_state_dims
 from shortconv.layers.linear import mark_shard
 from shortconv.layers.norm import RMSNorm
 from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.layers.vocab import LMHead, VocabEmbedding
 from shortconv.layers.zaya_moe import ZayaMoE
 from shortconv.models.weights import CheckpointError, WeightLoader
-from shortconv.models.zaya1_config import CONVERTER_HINT, parse_zaya_config
 from shortconv.parallel import ParallelContext
 from shortconv.state_pool import KVSpec, StateSpec
 
-__all__ = ["ZayaForCausalLM", "parse_zaya_config"]
+__all__ = ["ZayaForCausalLM"]
 
 # Key names of the original Zyphra layout (alternating attention / MoE layers).
 _LEGACY_KEY = re.compile(
@@ -37,7 +38,6 @@ _NEW_KEY = re.compile(
     r"\.(qkv_proj|qk_norm|mlp|input_layernorm|post_attention_layernorm|"
     r"post_attention_residual_scale|post_mlp_residual_scale)\."
 )
-_CONV_KEY = re.compile(r"\.qkv_proj\.conv_qk_(depthwise|grouped)\.(weight|bias)$")
 
 
 def _param(n: int) -> nn.Parameter:
@@ -121,7 +121,7 @@ class ZayaForCausalLM(nn.Module):
 
     @staticmethod
     def kv_spec(cfg: ModelConfig, tp: ParallelContext, eng: EngineConfig, pages: int) -> KVSpec:
-        hk = tp.shard(cfg.num_kv_heads, "KV heads (num_key_value_heads)")
+        hk = head_shard(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank).num_kv
         return KVSpec(cfg.attention_layer_ids, hk, cfg.head_dim, eng.kv_page_size, pages)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -133,8 +133,7 @@ class ZayaForCausalLM(nn.Module):
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """Refuse the legacy layout before loading anything: tensors are held back until a key
         only the transformers layout has shows up (in sorted order, right after the top-level
-        embedding tensors). Conv tensors are handed over as this rank's rows (their q‖k
-        packing has unequal parts, see shortconv.layers.cca)."""
+        embedding tensors)."""
         pending: list[tuple[str, torch.Tensor]] = []
         decided = False
         for name, tensor in weights:
@@ -145,23 +144,14 @@ class ZayaForCausalLM(nn.Module):
                     + CONVERTER_HINT
                 )
             if decided:
-                yield self._local(name, tensor)
+                yield name, tensor
                 continue
             pending.append((name, tensor))
             if _NEW_KEY.search(name):
                 decided = True
-                yield from (self._local(n, t) for n, t in pending)
+                yield from pending
                 pending.clear()
-        yield from (self._local(n, t) for n, t in pending)
-
-    def _local(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
-        m = _CONV_KEY.search(name)
-        if m:
-            if m[1] == "depthwise" and m[2] == "weight" and tensor.dim() == 3:
-                tensor = tensor.squeeze(1)  # Conv1d [C, 1, t0] → [C, t0]
-            q_channels = self.cfg.num_heads * self.cfg.head_dim
-            tensor = local_qk_channels(tensor, q_channels, self.tp)
-        return name, tensor
+        yield from pending
 
 
 # Checkpoint name fragment → our parameter name fragment (module names mirror the reference).

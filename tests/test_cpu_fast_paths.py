@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import shortconv.kernels.attention_cpu as attention_cpu
 import shortconv.kernels.cca_cpu as cca_cpu
 import shortconv.kernels.conv1d_cpu as conv1d_cpu
+import shortconv.kernels.dispatch as dispatch
 from shortconv.kernels.attention_cpu import paged_attention_cpu
 from shortconv.kernels.attention_ref import paged_attention_ref
 from shortconv.kernels.cca_ref import cca_conv_update_ref, cca_prev_value_update_ref
@@ -203,6 +204,46 @@ def test_cpu_decode_conv_paths_equal_the_reference(
     assert conv1d_cpu.causal_conv1d_update_cpu(x[:0], conv, w, bias, none).shape == (0, 8)
     assert cca_cpu.cca_conv_update_cpu(qk[:0], cca_state, *cw, *gw, none).shape == (0, 8)
     assert cca_cpu.cca_prev_value_update_cpu(v[:0], prev, none).shape == (0, 4)
+
+
+@pytest.mark.parametrize("env", [None, "torch", "triton"])
+def test_dispatch_picks_the_cpu_decode_paths(
+    env: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch backend: the CPU fast path for CPU tensors, the reference on any other device;
+    the Triton backend (CUDA, or forced) keeps its kernels. The previous-token value has no
+    Triton twin and runs its CPU path on CPU tensors whatever the backend."""
+    if env is None:
+        monkeypatch.delenv("SHORTCONV_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("SHORTCONV_KERNELS", env)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cases = [
+        ("causal_conv1d_update_triton", causal_conv1d_update_ref, "conv1d_triton",
+         conv1d_cpu.causal_conv1d_update_cpu),
+        ("cca_conv_update_triton", cca_conv_update_ref, "cca_triton",
+         cca_cpu.cca_conv_update_cpu),
+    ]  # fmt: skip
+    for name, ref, module, fast in cases:
+        if env == "triton":
+            pytest.importorskip("triton")
+            assert dispatch._pick(cpu, name, ref, module, cpu=fast).__name__ == name
+        else:
+            assert dispatch._pick(cpu, name, ref, module, cpu=fast) is fast
+        if env == "torch":
+            assert dispatch._pick(cuda, name, ref, module, cpu=fast) is ref
+
+    calls = []
+    monkeypatch.setattr(conv1d_cpu, "all_live_cpu", lambda *a: calls.append(a) or False)
+    monkeypatch.setattr(cca_cpu, "all_live_cpu", lambda *a: calls.append(a) or False)
+    prev = torch.randn(4, 3)
+    out = dispatch.cca_prev_value_update(torch.ones(2, 3), prev, torch.tensor([1, 2]))
+    assert len(calls) == 1 and torch.equal(prev[1:3], torch.ones(2, 3)) and out.shape == (2, 3)
+    if env != "triton":
+        conv = torch.randn(4, 5, 2)
+        dispatch.causal_conv1d_update(torch.randn(2, 5), conv, torch.randn(5, 3), None,
+                                      torch.tensor([1, 2]))  # fmt: skip
+        assert len(calls) == 2
 
 
 def test_scratch_buffer_keeps_its_storage_while_a_context_grows() -> None:

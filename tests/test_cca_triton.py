@@ -164,7 +164,8 @@ def test_half_inputs_accumulate_in_fp32(dtype: torch.dtype) -> None:
 
 
 def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU tensors run the reference by default; SHORTCONV_KERNELS=triton forces Triton."""
+    """CPU tensors run the torch path by default (a pad row sends the CPU fast path to the
+    reference); SHORTCONV_KERNELS=triton forces Triton."""
     tri = _triton()
     x, w, states, qsl, has_init = make_case(3, 1, 4, 2, 8)
     slots, xd = torch.tensor(SLOTS), x[:, :3].t()

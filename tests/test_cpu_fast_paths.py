@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import random
 from dataclasses import fields
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import shortconv.kernels.attention_cpu as attention_cpu
-import shortconv.kernels.cca_ref as cca_ref
-import shortconv.kernels.conv1d_ref as conv1d_ref
+import shortconv.kernels.cca_cpu as cca_cpu
+import shortconv.kernels.conv1d_cpu as conv1d_cpu
+import shortconv.kernels.dispatch as dispatch
 from shortconv.kernels.attention_cpu import paged_attention_cpu
 from shortconv.kernels.attention_ref import paged_attention_ref
+from shortconv.kernels.cca_ref import cca_conv_update_ref, cca_prev_value_update_ref
+from shortconv.kernels.conv1d_ref import causal_conv1d_update_ref
 from shortconv.layers import linear as linear_mod
 from shortconv.plan import SeqChunk, StepPlan
 from shortconv.sampler import SamplingRow
@@ -127,34 +131,119 @@ def test_cpu_attention_path_matches_the_reference(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_live_row_decode_kernels_equal_the_masked_path(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "slot_list,fast",
+    [([4, 1, 6], True), ([4, -1, 6], False), ([4, 0, 6], False)],
+    ids=["live", "pad", "scratch"],
+)
+def test_cpu_decode_conv_paths_equal_the_reference(
+    slot_list: list[int], fast: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conv1d_cpu / cca_cpu against the `*_ref` oracles, bit for bit (same fp32 arithmetic):
+    an all-live batch takes the fast path, a pad row or a scratch-slot row (a graph bucket's
+    padding) hands the whole batch to the reference."""
     g = torch.Generator().manual_seed(2)
-    slots = torch.tensor([4, 1, 6])
-    x = torch.randn(3, 8, generator=g)
-    conv = torch.randn(8, 8, 2, generator=g)
-    w, bias = torch.randn(8, 3, generator=g), torch.randn(8, generator=g)
-    qk = torch.randn(3, 8, generator=g)
-    cca_state = torch.randn(8, 8, 2, generator=g)
-    cw = (torch.randn(8, 2, generator=g), torch.randn(8, generator=g))
-    gw = (torch.randn(8, 4, 2, generator=g), torch.randn(8, generator=g))
-    prev = torch.randn(8, 4, generator=g)
-    v = torch.randn(3, 4, generator=g)
+    slots = torch.tensor(slot_list)
 
-    def run() -> list[torch.Tensor]:
+    def rnd(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) + 0.3).to(dtype)
+
+    x, conv, w, bias = rnd(3, 8), rnd(8, 8, 2), rnd(8, 3), rnd(8)
+    qk, cca_state = rnd(3, 8), rnd(8, 8, 2)
+    cw, gw = (rnd(8, 2), rnd(8)), (rnd(8, 4, 2), rnd(8))  # t0 = t1 = 2, two groups of 4
+    prev, v = rnd(8, 4), rnd(3, 4)
+
+    refs = {"conv": 0, "cca": 0, "prev": 0}
+    for mod, key, name in (
+        (conv1d_cpu, "conv", "causal_conv1d_update_ref"),
+        (cca_cpu, "cca", "cca_conv_update_ref"),
+        (cca_cpu, "prev", "cca_prev_value_update_ref"),
+    ):
+        real = getattr(mod, name)
+
+        def counted(*a: Any, _real: Any = real, _key: str = key, **kw: Any) -> torch.Tensor:
+            refs[_key] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(mod, name, counted)
+
+    def run(cpu: bool) -> list[torch.Tensor]:
+        conv_fn = conv1d_cpu.causal_conv1d_update_cpu if cpu else causal_conv1d_update_ref
+        cca_fn = cca_cpu.cca_conv_update_cpu if cpu else cca_conv_update_ref
+        prev_fn = cca_cpu.cca_prev_value_update_cpu if cpu else cca_prev_value_update_ref
         states = [conv.clone(), cca_state.clone(), prev.clone()]
-        outs = [
-            conv1d_ref.causal_conv1d_update_ref(x, states[0], w, bias, slots),
-            cca_ref.cca_conv_update_ref(qk, states[1], *cw, *gw, slots),
-            cca_ref.cca_prev_value_update_ref(v, states[2], slots),
+        outs = [torch.full(x.shape, float("nan"), dtype=dtype) for _ in range(2)]
+        got = [
+            conv_fn(x, states[0], w, bias, slots, out=outs[0]),
+            cca_fn(qk, states[1], *cw, *gw, slots, out=outs[1]),
+            prev_fn(v, states[2], slots),
         ]
-        return outs + states
+        assert got[0] is outs[0] and got[1] is outs[1]
+        return got + states
 
-    assert conv1d_ref.all_live_cpu(slots, -1)
-    fast = run()
-    monkeypatch.setattr(conv1d_ref, "all_live_cpu", lambda *_: False)
-    monkeypatch.setattr(cca_ref, "all_live_cpu", lambda *_: False)
-    for a, b in zip(fast, run(), strict=True):
-        assert torch.equal(a, b)
+    assert conv1d_cpu.all_live_cpu(slots, -1) == fast
+    got = run(cpu=True)
+    assert refs == dict.fromkeys(refs, 0 if fast else 1)
+    want = run(cpu=False)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.dtype == b.dtype == dtype and torch.equal(a, b), i
+    if not fast:  # the pad row: zero outputs
+        assert slot_list[1] == 0 or not any(t[1].any() for t in got[:3])
+    # No bias, and an empty batch (the early returns keep the reference's results).
+    s_cpu, s_ref = conv.clone(), conv.clone()
+    got = conv1d_cpu.causal_conv1d_update_cpu(x, s_cpu, w, None, slots)
+    assert torch.equal(got, causal_conv1d_update_ref(x, s_ref, w, None, slots))
+    assert torch.equal(s_cpu, s_ref)
+    no_bias = (cw[0], None, gw[0], None)
+    s_cpu, s_ref = cca_state.clone(), cca_state.clone()
+    got = cca_cpu.cca_conv_update_cpu(qk, s_cpu, *no_bias, slots)
+    assert torch.equal(got, cca_conv_update_ref(qk, s_ref, *no_bias, slots))
+    assert torch.equal(s_cpu, s_ref)
+    none = slots[:0]
+    assert conv1d_cpu.causal_conv1d_update_cpu(x[:0], conv, w, bias, none).shape == (0, 8)
+    assert cca_cpu.cca_conv_update_cpu(qk[:0], cca_state, *cw, *gw, none).shape == (0, 8)
+    assert cca_cpu.cca_prev_value_update_cpu(v[:0], prev, none).shape == (0, 4)
+
+
+@pytest.mark.parametrize("env", [None, "torch", "triton"])
+def test_dispatch_picks_the_cpu_decode_paths(
+    env: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch backend: the CPU fast path for CPU tensors, the reference on any other device;
+    the Triton backend (CUDA, or forced) keeps its kernels. The previous-token value has no
+    Triton twin and runs its CPU path on CPU tensors whatever the backend."""
+    if env is None:
+        monkeypatch.delenv("SHORTCONV_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("SHORTCONV_KERNELS", env)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cases = [
+        ("causal_conv1d_update_triton", causal_conv1d_update_ref, "conv1d_triton",
+         conv1d_cpu.causal_conv1d_update_cpu),
+        ("cca_conv_update_triton", cca_conv_update_ref, "cca_triton",
+         cca_cpu.cca_conv_update_cpu),
+    ]  # fmt: skip
+    for name, ref, module, fast in cases:
+        if env == "triton":
+            pytest.importorskip("triton")
+            assert dispatch._pick(cpu, name, ref, module, cpu=fast).__name__ == name
+        else:
+            assert dispatch._pick(cpu, name, ref, module, cpu=fast) is fast
+        if env == "torch":
+            assert dispatch._pick(cuda, name, ref, module, cpu=fast) is ref
+
+    calls = []
+    monkeypatch.setattr(conv1d_cpu, "all_live_cpu", lambda *a: calls.append(a) or False)
+    monkeypatch.setattr(cca_cpu, "all_live_cpu", lambda *a: calls.append(a) or False)
+    prev = torch.randn(4, 3)
+    out = dispatch.cca_prev_value_update(torch.ones(2, 3), prev, torch.tensor([1, 2]))
+    assert len(calls) == 1 and torch.equal(prev[1:3], torch.ones(2, 3)) and out.shape == (2, 3)
+    if env != "triton":
+        conv = torch.randn(4, 5, 2)
+        dispatch.causal_conv1d_update(torch.randn(2, 5), conv, torch.randn(5, 3), None,
+                                      torch.tensor([1, 2]))  # fmt: skip
+        assert len(calls) == 2
 
 
 def test_scratch_buffer_keeps_its_storage_while_a_context_grows() -> None:

@@ -1,8 +1,9 @@
 """Hot-path kernels (short conv, CCA conv, paged attention). Import the dispatching entry
 points from here.
 
-CUDA tensors run the Triton kernels, CPU tensors the torch reference; `SHORTCONV_KERNELS`
-(`torch` or `triton`) forces one. See `dispatch` for details.
+CUDA tensors run the Triton kernels, CPU tensors the torch paths (a `*_cpu` fast path where a
+kernel has one, else its `*_ref` oracle); `SHORTCONV_KERNELS` (`torch` or `triton`) forces
+one. See `dispatch` for details.
 """
 
 from __future__ import annotations

@@ -10,13 +10,14 @@ two zero-padded causal convs would not reproduce.
 
 Rows whose cache index equals `pad_slot_id` produce zeros and read and write no state slot.
 Every entry point is vectorised over the batch with no host syncs (decode is graph-safe).
+These are the oracles; the CPU decode fast paths are in `cca_cpu`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from shortconv.kernels.conv1d_ref import _scatter_states, all_live_cpu
+from shortconv.kernels.conv1d_ref import _scatter_states
 
 
 def _two_stage(
@@ -135,12 +136,6 @@ def cca_conv_update_ref(
     if x.shape[0] == 0:
         return out
     slots = cache_indices.to(device=dev, dtype=torch.int64)
-    if all_live_cpu(slots, pad_slot_id):  # no pad rows: no masking (see all_live_cpu)
-        u = torch.cat([conv_states[slots].float(), x.float()[:, :, None]], dim=2)
-        out.copy_(_two_stage(u.permute(1, 0, 2), w0, b0, w1, b1).t())
-        if conv_states.shape[2] > 0:
-            conv_states.index_copy_(0, slots, u[:, :, 1:].to(conv_states.dtype))
-        return out
     live = slots != pad_slot_id
     safe = torch.where(live, slots, torch.zeros_like(slots))
     u = torch.cat([conv_states[safe].float(), x.float()[:, :, None]], dim=2)  # [B, C, K+1]
@@ -209,10 +204,6 @@ def cca_prev_value_update_ref(
     if v.shape[0] == 0:
         return torch.zeros_like(v)
     slots = cache_indices.to(device=v.device, dtype=torch.int64)
-    if all_live_cpu(slots, pad_slot_id):  # no pad rows: no masking (see all_live_cpu)
-        res = prev_state[slots].to(v.dtype)
-        prev_state.index_copy_(0, slots, v.to(prev_state.dtype))
-        return res
     live = slots != pad_slot_id
     safe = torch.where(live, slots, torch.zeros_like(slots))
     res = torch.where(live[:, None], prev_state[safe].to(v.dtype), torch.zeros_like(v))

@@ -4,6 +4,7 @@ Both entry points are vectorised over the batch and never read device values on 
 the decode path can be captured in a CUDA graph and the prefill path needs no per-request loop.
 
 Pad rows (cache index == pad_slot_id) get zero outputs and leave every state slot untouched.
+These are the oracles; the CPU decode fast path is `conv1d_cpu`.
 """
 
 from __future__ import annotations
@@ -48,17 +49,6 @@ def tap_sum(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     for k in range(1, u.shape[-1]):
         acc.addcmul_(u[..., k], w[..., k])
     return acc
-
-
-def all_live_cpu(slots: torch.Tensor, pad_slot_id: int) -> bool:
-    """True when every row is a live request (slot > 0: neither scratch nor pad) on CPU.
-
-    NOTE: on CPU a host read is no device sync and nothing is being captured, so the decode
-    kernels check this once and skip the pad-row masking (a dozen ops per layer, a tenth of a
-    small model's decode step). Live rows of one step never share a slot, so a plain
-    index_copy_ is then deterministic.
-    """
-    return slots.device.type == "cpu" and pad_slot_id <= 0 and bool((slots > 0).all())
 
 
 def causal_conv1d_fn_ref(
@@ -157,13 +147,6 @@ def causal_conv1d_update_ref(
     if x.shape[0] == 0:
         return out
     slots = conv_state_indices.to(device=dev, dtype=torch.int64)
-    if all_live_cpu(slots, pad_slot_id):
-        u = torch.cat([conv_state[slots].to(torch.float32), x.to(torch.float32)[:, :, None]], 2)
-        acc = tap_sum(u, weight.to(torch.float32))
-        out.copy_(acc + bias.to(torch.float32)[None] if bias is not None else acc)
-        if conv_state.shape[2] > 0:
-            conv_state.index_copy_(0, slots, u[:, :, 1:].to(conv_state.dtype))
-        return out
     live = slots != pad_slot_id
     safe_slots = torch.where(live, slots, torch.zeros_like(slots))
     state = conv_state[safe_slots].to(torch.float32)  # [B, dim, W-1]

@@ -1,5 +1,8 @@
 """Backend choice for the hot-path kernels: Triton on CUDA, the torch paths elsewhere.
 
+The torch backend runs a kernel's CPU fast path (`*_cpu` modules) on CPU tensors where it has
+one, and the `*_ref` oracle otherwise (and on any other device).
+
 `SHORTCONV_KERNELS=torch|triton` forces one backend. It is read from os.environ on every call
 (a dict lookup), so tests can flip it with monkeypatch.setenv and nothing needs resetting.
 `SHORTCONV_KERNELS=triton` on CPU tensors works under `TRITON_INTERPRET=1`.
@@ -17,12 +20,14 @@ import torch
 
 from shortconv.kernels.attention_cpu import paged_attention_cpu
 from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
+from shortconv.kernels.cca_cpu import cca_conv_update_cpu, cca_prev_value_update_cpu
 from shortconv.kernels.cca_ref import (
     cca_conv_fn_ref,
     cca_conv_update_ref,
     cca_prev_value_fn_ref,
     cca_prev_value_update_ref,
 )
+from shortconv.kernels.conv1d_cpu import causal_conv1d_update_cpu
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
 from shortconv.kernels.moe_ref import fused_moe_ref
 from shortconv.step_tensors import StepScratch, StepTensors
@@ -72,9 +77,13 @@ def _pick(
     name: str,
     ref: Callable[..., torch.Tensor],
     module: str = "conv1d_triton",
+    cpu: Callable[..., torch.Tensor] | None = None,
 ) -> Callable[..., torch.Tensor]:
+    """Triton's `module.name`, else the CPU fast path `cpu` for CPU tensors, else `ref`."""
     mod = _triton_or_none(device, module)
-    return ref if mod is None else getattr(mod, name)
+    if mod is not None:
+        return getattr(mod, name)
+    return cpu if cpu is not None and device.type == "cpu" else ref
 
 
 def causal_conv1d_fn(
@@ -118,7 +127,10 @@ def causal_conv1d_update(
     bias [dim] | None, conv_state_indices int [B] -> out [B, dim]. Pad rows get zero outputs
     and keep their state.
     """
-    fn = _pick(x.device, "causal_conv1d_update_triton", causal_conv1d_update_ref)
+    fn = _pick(
+        x.device, "causal_conv1d_update_triton", causal_conv1d_update_ref,
+        cpu=causal_conv1d_update_cpu,
+    )  # fmt: skip
     return fn(x, conv_state, weight, bias, conv_state_indices, pad_slot_id, out=out)
 
 
@@ -167,15 +179,34 @@ def cca_conv_update(
     x [B, C], conv_states [n_slots, C, K] (shifted in place), weights as in `cca_conv_fn`,
     cache_indices int [B] -> out [B, C]. Pad rows get zero outputs and keep their state.
     """
-    fn = _pick(x.device, "cca_conv_update_triton", cca_conv_update_ref, "cca_triton")
+    fn = _pick(
+        x.device, "cca_conv_update_triton", cca_conv_update_ref, "cca_triton",
+        cpu=cca_conv_update_cpu,
+    )  # fmt: skip
     return fn(x, conv_states, w0, b0, w1, b1, cache_indices, pad_slot_id, out=out)
 
 
 # NOTE: ZAYA1's previous-token value is a gather plus a row scatter with no arithmetic, which
 # the torch reference already does graph-safely in a few launches; it has no Triton twin, so
-# these names run the reference on every backend.
+# these names run the torch code on every backend: the prefill one the reference, the decode
+# one its CPU fast path on CPU tensors (whatever SHORTCONV_KERNELS says) and the reference
+# elsewhere.
 cca_prev_value_fn = cca_prev_value_fn_ref
-cca_prev_value_update = cca_prev_value_update_ref
+
+
+def cca_prev_value_update(
+    v: torch.Tensor,
+    prev_state: torch.Tensor,
+    cache_indices: torch.Tensor,
+    pad_slot_id: int = -1,
+) -> torch.Tensor:
+    """Decode previous-token value; see `cca_ref.cca_prev_value_update_ref`.
+
+    v [B, D], prev_state [n_slots, D] (v stored in place), cache_indices int [B]
+    -> prev_state[slot] [B, D]. Pad rows get zero outputs and keep their state.
+    """
+    fn = cca_prev_value_update_cpu if v.device.type == "cpu" else cca_prev_value_update_ref
+    return fn(v, prev_state, cache_indices, pad_slot_id)
 
 
 def fused_moe(

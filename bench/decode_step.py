@@ -63,10 +63,16 @@ GPU_IMPORTS = (
 def decode_plan(batch: int, context: int) -> StepPlan:
     pages = -(-context // PAGE)
     seqs = tuple(
-        SeqChunk(f"r{i}", (i % 500 + 1,), context - 1, 1 + i,
-                 tuple(range(1 + i * pages, 1 + (i + 1) * pages)), None)
+        SeqChunk(
+            f"r{i}",
+            (i % 500 + 1,),
+            context - 1,
+            1 + i,
+            tuple(range(1 + i * pages, 1 + (i + 1) * pages)),
+            None,
+        )
         for i in range(batch)
-    )  # fmt: skip
+    )
     return StepPlan(0, seqs)
 
 
@@ -85,22 +91,31 @@ def _time(fn: Any, iters: int, sync: Any) -> float:
 
 
 def bench_model(
-    name: str, raw: dict[str, Any], batches: list[int], context: int, device: str,
-    dtype: torch.dtype, iters: int,
-) -> list[tuple[str, int, float, float]]:  # fmt: skip
+    name: str,
+    raw: dict[str, Any],
+    batches: list[int],
+    context: int,
+    device: str,
+    dtype: torch.dtype,
+    iters: int,
+) -> list[tuple[str, int, float, float]]:
     max_b = max(batches)
     eng = EngineConfig(
-        max_num_seqs=max_b, kv_page_size=PAGE, graph_batch_sizes=tuple(batches),
+        max_num_seqs=max_b,
+        kv_page_size=PAGE,
+        graph_batch_sizes=tuple(batches),
         graph_context_sizes=(context,),
-    )  # fmt: skip
+    )
     pages = 1 + max_b * -(-context // PAGE)
     t0 = time.perf_counter()
     stack = build_random_stack(raw, device, dtype, eng, num_slots=max_b + 1, num_pages=pages)
     graphs = GraphRunner(stack.model, stack.backend, eng, stack.cfg.max_model_len)
     graphs.capture()
     st = graphs.stats()
-    print(f"# {name}: built in {time.perf_counter() - t0:.1f}s, "
-          f"{st.num_graphs} graphs in {st.capture_seconds:.2f}s")  # fmt: skip
+    print(
+        f"# {name}: built in {time.perf_counter() - t0:.1f}s, "
+        f"{st.num_graphs} graphs in {st.capture_seconds:.2f}s"
+    )
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows = []
     for b in batches:
@@ -115,8 +130,11 @@ def bench_model(
         t_graph = _time(lambda plan=plan: graphs.run(plan), iters, sync)
         assert graphs.stats().eager_fallbacks["no_bucket"] == 0
         rows.append((name, b, t_eager, t_graph))
-        print(f"{name:10s} batch {b:4d}  eager {t_eager:8.3f} ms  graph {t_graph:8.3f} ms  "
-              f"speedup {t_eager / t_graph:5.2f}x", flush=True)  # fmt: skip
+        print(
+            f"{name:10s} batch {b:4d}  eager {t_eager:8.3f} ms  graph {t_graph:8.3f} ms  "
+            f"speedup {t_eager / t_graph:5.2f}x",
+            flush=True,
+        )
     return rows
 
 

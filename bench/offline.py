@@ -59,22 +59,43 @@ from workloads import Workload, make_workloads, next_turn, warmup_of  # noqa: E4
 
 # make_tiny overrides for the non-tiny shapes (weights are random; shapes are what matter).
 LFM2_350M = {  # LFM2-350M: hidden 1024, 16 layers, attention at 2,5,8,10,12,14, vocab 65536
-    "vocab_size": 65536, "hidden_size": 1024, "num_hidden_layers": 16,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "max_position_embeddings": 4096,
-    "intermediate_size": 6656, "block_auto_adjust_ff_dim": True, "block_multiple_of": 256,
-    "block_ffn_dim_multiplier": 1.0, "rope_theta": 1_000_000.0,
+    "vocab_size": 65536,
+    "hidden_size": 1024,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 4096,
+    "intermediate_size": 6656,
+    "block_auto_adjust_ff_dim": True,
+    "block_multiple_of": 256,
+    "block_ffn_dim_multiplier": 1.0,
+    "rope_theta": 1_000_000.0,
     "layer_types": ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
-}  # fmt: skip
+}
 ZAYA1_100M = {  # ZAYA1's layout (CCA + top-1 MoE of 16 experts) at ~110M total parameters
-    "vocab_size": 32768, "hidden_size": 512, "head_dim": 64, "num_hidden_layers": 8,
-    "num_attention_heads": 8, "num_key_value_heads": 2, "num_experts": 16,
-    "moe_intermediate_size": 512, "router_hidden_size": 64, "max_position_embeddings": 4096,
-}  # fmt: skip
+    "vocab_size": 32768,
+    "hidden_size": 512,
+    "head_dim": 64,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_experts": 16,
+    "moe_intermediate_size": 512,
+    "router_hidden_size": 64,
+    "max_position_embeddings": 4096,
+}
 LFM2_MOE_SMALL = {  # LFM2-MoE layout (dense layer 0, 8 experts top-2) at ~60M total
-    "vocab_size": 16384, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
-    "moe_intermediate_size": 512, "num_experts": 8, "num_experts_per_tok": 2,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 4096,
-}  # fmt: skip
+    "vocab_size": 16384,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "moe_intermediate_size": 512,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 4096,
+}
 HF_TARGET = 5.0  # workload b, bf16 on a GPU: ours / transformers
 # NOTE: what a run imports beyond the top of this file (the executor, the GPU kernels, the
 # oracle); --dry-run imports exactly these (the kernels only with --device cuda).
@@ -132,9 +153,13 @@ def hf_generate(model: Any, prompts: list[list[int]], max_new: int, pad: int) ->
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
     cfg = GenerationConfig(
-        do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new, eos_token_id=None,
-        pad_token_id=pad, bos_token_id=None,
-    )  # fmt: skip
+        do_sample=False,
+        max_new_tokens=max_new,
+        min_new_tokens=max_new,
+        eos_token_id=None,
+        pad_token_id=pad,
+        bos_token_id=None,
+    )
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
     return out[:, width:].tolist()
@@ -282,10 +307,13 @@ def run(args: argparse.Namespace, model_dir: Path, name: str) -> None:
     runner = llm.engine.executor.runner
     n_params = sum(t.numel() for t in runner.model.parameters())
     graphs = runner.graphs is not None
-    print(f"# offline {name}: arch {cfg.arch}, {n_params / 1e6:.1f}M params, {dtype} "
-          f"{args.device}, "
-          f"threads {torch.get_num_threads()}, graphs {graphs}, "
-          f"runs {args.runs}, load avg {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    print(
+        f"# offline {name}: arch {cfg.arch}, {n_params / 1e6:.1f}M params, {dtype} "
+        f"{args.device}, "
+        f"threads {torch.get_num_threads()}, graphs {graphs}, "
+        f"runs {args.runs}, load avg {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     workloads = make_workloads(cfg.vocab_size, args.quick, args.seed)
     for key in args.workloads.split(","):
         res = bench_workload(llm, hf, workloads[key], args.runs, pad)
@@ -293,11 +321,16 @@ def run(args: argparse.Namespace, model_dir: Path, name: str) -> None:
         line = f"SUMMARY offline shape={name} workload={key} ours_tok_s={res['ours_tok_s']:.1f}"
         if "ratio" in res:
             runs += " | hf " + " ".join(f"{t:.2f}" for t in res["hf_s"])
-            line += (f" hf_tok_s={res['hf_tok_s']:.1f} ratio={res['ratio']:.2f} "
-                     f"ratio_of_medians={res['ratio_of_medians']:.2f} "
-                     f"greedy_agreement={res['agreement']:.2f}")  # fmt: skip
-        print(f"# {key}: {res['useful_tokens']} tokens, seconds per run: ours {runs}; "
-              f"load avg {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+            line += (
+                f" hf_tok_s={res['hf_tok_s']:.1f} ratio={res['ratio']:.2f} "
+                f"ratio_of_medians={res['ratio_of_medians']:.2f} "
+                f"greedy_agreement={res['agreement']:.2f}"
+            )
+        print(
+            f"# {key}: {res['useful_tokens']} tokens, seconds per run: ours {runs}; "
+            f"load avg {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         print(line, flush=True)
         if key == "b" and "ratio" in res and args.device == "cuda":
             verdict = "pass" if res["ratio"] >= HF_TARGET else "FAIL"

@@ -101,8 +101,14 @@ def make_llm(model_dir: Path, graphs: bool, args: argparse.Namespace, prepack: b
     longest = budget(args)[1]
     if longest > ModelConfig.from_dir(model_dir).max_model_len:
         raise SystemExit(f"context + steps need {longest} positions: use fewer --steps/--runs")
-    return LLM(model_dir, dtype="float32", enable_graphs=graphs, max_num_seqs=64,
-               max_model_len=max(256, longest), prepack_cpu_weights=prepack)  # fmt: skip
+    return LLM(
+        model_dir,
+        dtype="float32",
+        enable_graphs=graphs,
+        max_num_seqs=64,
+        max_model_len=max(256, longest),
+        prepack_cpu_weights=prepack,
+    )
 
 
 def variants(args: argparse.Namespace, model_dir: Path) -> dict[str, tuple[LLM, Any]]:
@@ -150,16 +156,29 @@ def run(args: argparse.Namespace, model_dir: Path, name: str) -> None:
     vs = variants(args, model_dir)
     timers = {k: ForwardTimer(llm.engine.executor.runner.model) for k, (llm, _) in vs.items()}
     vocab = next(iter(vs.values()))[0].engine.model_cfg.vocab_size
-    print(f"# profile_step {name}: batch {args.batch}, context {args.context}, "
-          f"{args.steps} steps x {args.runs} runs, threads {torch.get_num_threads()}, "
-          f"load avg {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    print(
+        f"# profile_step {name}: batch {args.batch}, context {args.context}, "
+        f"{args.steps} steps x {args.runs} runs, threads {torch.get_num_threads()}, "
+        f"load avg {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     engines = {id(llm): llm for llm, _ in vs.values()}
     for llm in engines.values():  # one prefill per engine; every run below decodes on
         prefill(llm, args.batch, args.context, budget(args)[0], vocab)
     if args.py_spy:
         key, (llm, _) = next(iter(vs.items()))
-        spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-o",
-                                args.py_spy, "-r", "200", "-p", str(os.getpid())])  # fmt: skip
+        spy = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "-o",
+                args.py_spy,
+                "-r",
+                "200",
+                "-p",
+                str(os.getpid()),
+            ]
+        )
         time.sleep(1.0)
         decode_steps(llm, timers[key], (args.runs + 1) * args.steps)
         spy.terminate()
@@ -177,14 +196,19 @@ def run(args: argparse.Namespace, model_dir: Path, name: str) -> None:
         step = statistics.median(s for s, _ in ms)
         fwd = statistics.median(f for _, f in ms)
         med[key] = step
-        print(f"SUMMARY profile_step shape={name} variant={key} batch={args.batch} "
-              f"step_ms={step * 1e3:.3f} forward_ms={fwd * 1e3:.3f} "
-              f"overhead_pct={100 * (step - fwd) / step:.1f} "
-              f"runs_ms={','.join(f'{s * 1e3:.2f}' for s, _ in ms)}", flush=True)  # fmt: skip
+        print(
+            f"SUMMARY profile_step shape={name} variant={key} batch={args.batch} "
+            f"step_ms={step * 1e3:.3f} forward_ms={fwd * 1e3:.3f} "
+            f"overhead_pct={100 * (step - fwd) / step:.1f} "
+            f"runs_ms={','.join(f'{s * 1e3:.2f}' for s, _ in ms)}",
+            flush=True,
+        )
     if len(med) == 2:
         (ka, a), (kb, b) = med.items()
-        print(f"SUMMARY profile_step compare {ka}/{kb} speedup={b / a:.2f} "
-              f"load_avg={os.getloadavg()[0]:.2f}")  # fmt: skip
+        print(
+            f"SUMMARY profile_step compare {ka}/{kb} speedup={b / a:.2f} "
+            f"load_avg={os.getloadavg()[0]:.2f}"
+        )
 
 
 if __name__ == "__main__":

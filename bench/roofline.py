@@ -128,18 +128,22 @@ def run(args: argparse.Namespace, model_dir: Path, name: str) -> None:
         llm.shutdown()
     flops_b, bw_b = measure_peaks(reps, args.quick)
     peak, bw = max(flops_a, flops_b), max(bw_a, bw_b)
-    print(f"# roofline {name}: threads {torch.get_num_threads()}, peak {peak / 1e9:.1f} GFLOP/s "
-          f"(before {flops_a / 1e9:.1f}, after {flops_b / 1e9:.1f}), copy bandwidth "
-          f"{bw / 1e9:.1f} GB/s (before {bw_a / 1e9:.1f}, after {bw_b / 1e9:.1f}), "
-          f"load avg {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(
+        f"# roofline {name}: threads {torch.get_num_threads()}, peak {peak / 1e9:.1f} GFLOP/s "
+        f"(before {flops_a / 1e9:.1f}, after {flops_b / 1e9:.1f}), copy bandwidth "
+        f"{bw / 1e9:.1f} GB/s (before {bw_a / 1e9:.1f}, after {bw_b / 1e9:.1f}), "
+        f"load avg {os.getloadavg()[0]:.2f}"
+    )
     for batch, step, fwd, flops, nbytes in rows:
         t_c, t_m = flops / peak, nbytes / bw
         floor = max(t_c, t_m)
         bound = "compute" if t_c >= t_m else "memory"
-        print(f"SUMMARY roofline shape={name} batch={batch} context={args.context} "
-              f"gflop={flops / 1e9:.2f} mbytes={nbytes / 1e6:.0f} floor_ms={floor * 1e3:.2f} "
-              f"({bound}) step_ms={step * 1e3:.2f} forward_ms={fwd * 1e3:.2f} "
-              f"floor/step={floor / step:.2f} floor/forward={floor / fwd:.2f}")  # fmt: skip
+        print(
+            f"SUMMARY roofline shape={name} batch={batch} context={args.context} "
+            f"gflop={flops / 1e9:.2f} mbytes={nbytes / 1e6:.0f} floor_ms={floor * 1e3:.2f} "
+            f"({bound}) step_ms={step * 1e3:.2f} forward_ms={fwd * 1e3:.2f} "
+            f"floor/step={floor / step:.2f} floor/forward={floor / fwd:.2f}"
+        )
 
 
 if __name__ == "__main__":

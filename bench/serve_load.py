@@ -51,8 +51,9 @@ class Result:
     error: str | None = None
 
 
-async def stream_one(client: httpx.AsyncClient, path: str, body: dict[str, Any],
-                     headers: dict[str, str]) -> Result:  # fmt: skip
+async def stream_one(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> Result:
     """One streamed request; parses SSE `data:` lines until `[DONE]`."""
     res, t0, last = Result(), time.perf_counter(), None
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -106,15 +107,24 @@ def report(tag: str, results: list[Result], wall: float) -> dict[str, float]:
     gaps = [g for r in ok for g in r.gaps]
     out = sum(r.out_tokens for r in ok)
     prompt, cached = sum(r.prompt_tokens for r in ok), sum(r.cached_tokens for r in ok)
-    stats = {"req_s": len(ok) / wall, "tok_s": out / wall, "ttft_p50": pct(ttft, 0.5),
-             "ttft_p99": pct(ttft, 0.99), "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99),
-             "errors": len(results) - len(ok), "cached_frac": cached / max(1, prompt)}  # fmt: skip
-    print(f"SUMMARY serve_load {tag} requests={len(results)} wall_s={wall:.2f} "
-          f"req_s={stats['req_s']:.2f} out_tok_s={stats['tok_s']:.1f} "
-          f"ttft_p50_ms={1e3 * stats['ttft_p50']:.0f} ttft_p99_ms={1e3 * stats['ttft_p99']:.0f} "
-          f"itl_p50_ms={1e3 * stats['itl_p50']:.1f} itl_p99_ms={1e3 * stats['itl_p99']:.1f} "
-          f"cached_prompt_frac={stats['cached_frac']:.2f} errors={stats['errors']}",
-          flush=True)  # fmt: skip
+    stats = {
+        "req_s": len(ok) / wall,
+        "tok_s": out / wall,
+        "ttft_p50": pct(ttft, 0.5),
+        "ttft_p99": pct(ttft, 0.99),
+        "itl_p50": pct(gaps, 0.5),
+        "itl_p99": pct(gaps, 0.99),
+        "errors": len(results) - len(ok),
+        "cached_frac": cached / max(1, prompt),
+    }
+    print(
+        f"SUMMARY serve_load {tag} requests={len(results)} wall_s={wall:.2f} "
+        f"req_s={stats['req_s']:.2f} out_tok_s={stats['tok_s']:.1f} "
+        f"ttft_p50_ms={1e3 * stats['ttft_p50']:.0f} ttft_p99_ms={1e3 * stats['ttft_p99']:.0f} "
+        f"itl_p50_ms={1e3 * stats['itl_p50']:.1f} itl_p99_ms={1e3 * stats['itl_p99']:.1f} "
+        f"cached_prompt_frac={stats['cached_frac']:.2f} errors={stats['errors']}",
+        flush=True,
+    )
     for r in results:
         if r.error:
             print(f"#   error: {r.error}")
@@ -132,8 +142,13 @@ async def plain_load(args: argparse.Namespace, model: str) -> None:
             issued += 1
             n = rng.randint(args.prompt_tokens // 2, args.prompt_tokens)
             prompt = [rng.randrange(3, 250) for _ in range(n)]
-            body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens,
-                    "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+            body = {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": args.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            }
             results.append(await stream_one(client, "/v1/completions", body, {}))
 
     async with make_client(args) as client:
@@ -155,8 +170,13 @@ async def session_round(args: argparse.Namespace, model: str, tag: str, reuse: b
         headers = {"x-session-id": f"{tag}-{i}"} if reuse else {}
         for _ in range(args.turns):
             msgs.append({"role": "user", "content": words(args.user_words)})
-            body = {"model": model, "messages": msgs, "max_tokens": args.max_tokens,
-                    "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+            body = {
+                "model": model,
+                "messages": msgs,
+                "max_tokens": args.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            }
             async with sem:
                 res = await stream_one(client, "/v1/chat/completions", body, headers)
             results.append(res)
@@ -167,8 +187,11 @@ async def session_round(args: argparse.Namespace, model: str, tag: str, reuse: b
     async with make_client(args) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(conversation(client, i) for i in range(args.sessions)))
-        report(f"sessions={args.sessions}x{args.turns} reuse={reuse}", results,
-               time.perf_counter() - t0)  # fmt: skip
+        report(
+            f"sessions={args.sessions}x{args.turns} reuse={reuse}",
+            results,
+            time.perf_counter() - t0,
+        )
 
 
 def make_client(args: argparse.Namespace) -> httpx.AsyncClient:
@@ -208,8 +231,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--launch", metavar="YAML", help="start `serve run YAML` on a free port first")
     p.add_argument("--launch-timeout", type=float, default=300.0)
-    p.add_argument("--app-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="with --launch: override an app arg, e.g. enable_graphs=false")  # fmt: skip
+    p.add_argument(
+        "--app-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --launch: override an app arg, e.g. enable_graphs=false",
+    )
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--duration", type=float, default=120.0, help="stop issuing after this")

@@ -53,5 +53,6 @@ def next_turn(w: Workload, convs: list[list[int]], replies: list[list[int]]) -> 
 def warmup_of(w: Workload) -> Workload:
     """A short version of `w` with the same kinds of steps (prefill, decode, session resume)."""
     n = min(4, len(w.prompts))
-    return Workload(w.name, w.prompts[:n], [min(8, o) for o in w.outputs[:n]], min(2, w.turns),
-                    w.user_len)  # fmt: skip
+    return Workload(
+        w.name, w.prompts[:n], [min(8, o) for o in w.outputs[:n]], min(2, w.turns), w.user_len
+    )

@@ -18,11 +18,9 @@ from typing import Any
 
 from ray.serve import metrics as serve_metrics
 
+from shortconv.metric_defs import METRICS, Labels, MetricDef
 from shortconv.metrics import (
-    METRICS,
     BaseMetricsSink,
-    Labels,
-    MetricDef,
     MetricsRecorder,
     MetricsSource,
     attach_metrics,

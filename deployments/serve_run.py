@@ -44,8 +44,10 @@ def serve_run(
     """Yields (base URL, log path); `env` adds to the inherited environment (RAY_ADDRESS is
     dropped so the child starts its own Ray). The temp dir (config, log, Ray's) is removed."""
     port = free_port()
-    config = {**config, "http_options": {**config.get("http_options", {}),
-                                         "host": "127.0.0.1", "port": port}}  # fmt: skip
+    config = {
+        **config,
+        "http_options": {**config.get("http_options", {}), "host": "127.0.0.1", "port": port},
+    }
     tmp = Path(tempfile.mkdtemp(prefix="scsr-"))  # short: Ray's socket paths live under it
     cfg, log = tmp / "serve.yaml", tmp / "serve.log"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -54,9 +56,12 @@ def serve_run(
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "serve"), "run", str(cfg)],
-            cwd=ROOT, env=child_env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=child_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log, timeout_s)

@@ -139,10 +139,14 @@ class GraphRunner:
                 self._capture_cuda(shape, pool)
             self._ready.add(shape)
             log.info(
-                "decode graph %d/%d (batch %d, context %d) %s in %.1f ms", k, len(shapes),
-                shape.batch, shape.context, "captured" if self.use_cuda_graphs else "prepared",
+                "decode graph %d/%d (batch %d, context %d) %s in %.1f ms",
+                k,
+                len(shapes),
+                shape.batch,
+                shape.context,
+                "captured" if self.use_cuda_graphs else "prepared",
                 1e3 * (time.perf_counter() - t0),
-            )  # fmt: skip
+            )
         self._capture_seconds = time.perf_counter() - start
         log.info("%d decode graphs ready in %.2f s", len(shapes), self._capture_seconds)
 
@@ -246,8 +250,12 @@ class GraphRunner:
         self._failures[phase] += 1
         log.warning(
             "decode graph %s failed for step %d (%d rows): %s: %s; state restored",
-            phase, plan.step_id, len(plan.seqs), type(exc).__name__, exc,
-        )  # fmt: skip
+            phase,
+            plan.step_id,
+            len(plan.seqs),
+            type(exc).__name__,
+            exc,
+        )
         if self.tp_size > 1:
             raise exc
         return self._eager(plan, "replay_error")

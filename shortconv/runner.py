@@ -42,8 +42,11 @@ class ModelRunner:
         if engine_cfg.prepack_cpu_weights and device.type == "cpu":
             added = prepack_linears(model)
             if added:
-                log.info("rank %d: prepacked linear weights for oneDNN (+%.0f MiB)", tp.rank,
-                         added / 2**20)  # fmt: skip
+                log.info(
+                    "rank %d: prepacked linear weights for oneDNN (+%.0f MiB)",
+                    tp.rank,
+                    added / 2**20,
+                )
         kv = cls.kv_spec(model_cfg, tp, engine_cfg, spec.capacity.num_pages)
         specs = cls.state_specs(model_cfg, tp)
         self.pool = StatePool(specs, kv, spec.capacity.num_slots, dtype, device)

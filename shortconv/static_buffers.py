@@ -29,9 +29,14 @@ from shortconv.step_tensors import StepTensors
 
 # Per-row int64 fields of the primary block, in layout order (each B long).
 _ROW_FIELDS = (
-    "input_ids", "positions", "cache_indices", "seq_lens", "token_seq_index", "q_pad_index",
+    "input_ids",
+    "positions",
+    "cache_indices",
+    "seq_lens",
+    "token_seq_index",
+    "q_pad_index",
     "q_unpad_index",
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)

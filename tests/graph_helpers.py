@@ -37,9 +37,12 @@ def zaya_skip_reason() -> str | None:
 
 def engine_config(enable_graphs: bool = True, **kw: object) -> EngineConfig:
     base: dict[str, object] = dict(
-        max_num_seqs=NUM_SEQS, kv_page_size=PAGE, enable_graphs=enable_graphs,
-        graph_batch_sizes=(1, 2, 4, 8), graph_context_sizes=CONTEXTS,
-    )  # fmt: skip
+        max_num_seqs=NUM_SEQS,
+        kv_page_size=PAGE,
+        enable_graphs=enable_graphs,
+        graph_batch_sizes=(1, 2, 4, 8),
+        graph_context_sizes=CONTEXTS,
+    )
     base.update(kw)
     return EngineConfig(**base)  # type: ignore[arg-type]
 
@@ -84,11 +87,15 @@ class Seqs:
     def decode(self, rows: list[int]) -> StepPlan:
         chunks = tuple(
             SeqChunk(
-                f"r{i}", (self.tokens[i][-1],), len(self.tokens[i]) - 1, SLOTS[i],
-                self.pages[i], GREEDY_ROW,
+                f"r{i}",
+                (self.tokens[i][-1],),
+                len(self.tokens[i]) - 1,
+                SLOTS[i],
+                self.pages[i],
+                GREEDY_ROW,
             )
             for i in rows
-        )  # fmt: skip
+        )
         return self._plan(chunks)
 
     def _plan(self, chunks: tuple[SeqChunk, ...]) -> StepPlan:

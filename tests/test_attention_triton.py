@@ -78,9 +78,14 @@ def make_pool(
 
 
 def shuffled_tables(
-    seq_lens: list[int], page: int, width: int, idx: torch.dtype, device: str, seed: int,
+    seq_lens: list[int],
+    page: int,
+    width: int,
+    idx: torch.dtype,
+    device: str,
+    seed: int,
     pages: int = NUM_PAGES,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """[B, width] tables: each row's pages drawn from a shuffled pool (never page 0), then
     page 0 past them, as the step builders lay them out."""
     rng = random.Random(seed)
@@ -272,13 +277,15 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return wrapper
 
     monkeypatch.setattr(
-        attention_triton, "paged_attention_decode_triton",
+        attention_triton,
+        "paged_attention_decode_triton",
         counting("decode", paged_attention_decode_triton),
-    )  # fmt: skip
+    )
     monkeypatch.setattr(
-        attention_triton, "paged_attention_extend_triton",
+        attention_triton,
+        "paged_attention_extend_triton",
         counting("extend", paged_attention_extend_triton),
-    )  # fmt: skip
+    )
 
     def no_sdpa(*a: Any, **kw: Any) -> torch.Tensor:
         raise AssertionError("torch SDPA called under SHORTCONV_KERNELS=triton")

@@ -15,8 +15,12 @@ def test_offline_quick_prints_every_workload() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "offline.py"), "--quick"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = re.findall(r"^SUMMARY offline .*workload=(\w) .*ratio=([\d.]+)", proc.stdout, re.M)
     assert [w for w, _ in rows] == ["a", "b", "c"], proc.stdout

@@ -22,7 +22,11 @@ def test_bench_quick(script: str, marker: str) -> None:
     env.pop("TRITON_INTERPRET", None)  # kernels.py --quick sets it itself
     proc = subprocess.run(
         [sys.executable, str(ROOT / script), "--quick"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert marker in proc.stdout, proc.stdout

@@ -219,11 +219,14 @@ def test_dispatch_picks_the_cpu_decode_paths(
         monkeypatch.setenv("SHORTCONV_KERNELS", env)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     cases = [
-        ("causal_conv1d_update_triton", causal_conv1d_update_ref, "conv1d_triton",
-         conv1d_cpu.causal_conv1d_update_cpu),
-        ("cca_conv_update_triton", cca_conv_update_ref, "cca_triton",
-         cca_cpu.cca_conv_update_cpu),
-    ]  # fmt: skip
+        (
+            "causal_conv1d_update_triton",
+            causal_conv1d_update_ref,
+            "conv1d_triton",
+            conv1d_cpu.causal_conv1d_update_cpu,
+        ),
+        ("cca_conv_update_triton", cca_conv_update_ref, "cca_triton", cca_cpu.cca_conv_update_cpu),
+    ]
     for name, ref, module, fast in cases:
         if env == "triton":
             pytest.importorskip("triton")
@@ -241,8 +244,9 @@ def test_dispatch_picks_the_cpu_decode_paths(
     assert len(calls) == 1 and torch.equal(prev[1:3], torch.ones(2, 3)) and out.shape == (2, 3)
     if env != "triton":
         conv = torch.randn(4, 5, 2)
-        dispatch.causal_conv1d_update(torch.randn(2, 5), conv, torch.randn(5, 3), None,
-                                      torch.tensor([1, 2]))  # fmt: skip
+        dispatch.causal_conv1d_update(
+            torch.randn(2, 5), conv, torch.randn(5, 3), None, torch.tensor([1, 2])
+        )
         assert len(calls) == 2
 
 

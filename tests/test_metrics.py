@@ -17,14 +17,16 @@ import pytest
 
 from shortconv import graph_runner
 from shortconv.graph_runner import GraphStats
-from shortconv.metrics import (
+from shortconv.metric_defs import (
     BY_NAME,
     FALLBACK_REASONS,
     METRICS,
     REPLAY_FAILURE_REASONS,
-    BaseMetricsSink,
     Labels,
     MetricDef,
+)
+from shortconv.metrics import (
+    BaseMetricsSink,
     MetricsRecorder,
     PrometheusClientSink,
     serve_metrics,
@@ -92,8 +94,9 @@ def _plan(*rows: tuple[int, int]) -> SimpleNamespace:
 
 
 def _out(rid: str, reason: str | None = None, error: str | None = None) -> SimpleNamespace:
-    return SimpleNamespace(request_id=rid, finish_reason=reason, error=error,
-                           finished=reason is not None)  # fmt: skip
+    return SimpleNamespace(
+        request_id=rid, finish_reason=reason, error=error, finished=reason is not None
+    )
 
 
 def test_graph_label_values_match_the_graph_runner() -> None:
@@ -138,9 +141,16 @@ def test_every_series_exists_at_start(pools: tuple[str, ...]) -> None:
 def test_counters_are_recorded_as_deltas() -> None:
     sink, graphs = FakeSink(), [None]
     rec = MetricsRecorder(sink, IDLE, graph_stats=lambda: graphs[0])
-    busy = replace(IDLE, slots_used=3, kv_pages_used=4, num_running=2, num_waiting=1,
-                   session_hits=2, generation_tokens_total=10,
-                   finished_by_reason={"stop": 1})  # fmt: skip
+    busy = replace(
+        IDLE,
+        slots_used=3,
+        kv_pages_used=4,
+        num_running=2,
+        num_waiting=1,
+        session_hits=2,
+        generation_tokens_total=10,
+        finished_by_reason={"stop": 1},
+    )
     rec.record(busy)
     assert sink.get("shortconv_state_slots_used", pool="conv") == 3
     assert sink.get("shortconv_kv_cache_usage_perc") == 0.25
@@ -176,8 +186,12 @@ def test_request_timings_and_step_phases() -> None:
     clock.t = 0.5
     rec.step_done(IDLE, _plan((3, 0), (2, 0), (4, 0)), [_out("a"), _out("b"), _out("c")], 0.4)
     clock.t = 0.75
-    rec.step_done(IDLE, _plan((1, 3), (1, 2), (1, 4)),
-                  [_out("a"), _out("b", "stop"), _out("c", error="boom")], 0.2)  # fmt: skip
+    rec.step_done(
+        IDLE,
+        _plan((1, 3), (1, 2), (1, 4)),
+        [_out("a"), _out("b", "stop"), _out("c", error="boom")],
+        0.2,
+    )
     rec.request_added("d")
     clock.t = 1.5
     rec.step_done(IDLE, _plan((1, 4), (5, 0)), [_out("a", "length"), _out("d", "abort")], 0.1)
@@ -263,8 +277,14 @@ def test_standalone_llm_exports_over_http(tiny_lfm2: Path) -> None:
     from shortconv.llm import LLM
     from shortconv.sampling_params import SamplingParams
 
-    llm = LLM(tiny_lfm2, dtype="float32", max_num_seqs=4, enable_graphs=True,
-              graph_batch_sizes=(1, 2, 4), graph_context_sizes=(32,))  # fmt: skip
+    llm = LLM(
+        tiny_lfm2,
+        dtype="float32",
+        max_num_seqs=4,
+        enable_graphs=True,
+        graph_batch_sizes=(1, 2, 4),
+        graph_context_sizes=(32,),
+    )
     server = serve_metrics(llm)  # port 0: a free port
     try:
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -142,8 +142,13 @@ def _edge_routes(variant: str, ids: torch.Tensor, w: torch.Tensor, e: int):
 
 
 EDGE_VARIANTS = [
-    "one_expert_top1", "one_expert_top2", "idle_experts", "some_skip", "all_skip", "zero_w",
-]  # fmt: skip
+    "one_expert_top1",
+    "one_expert_top2",
+    "idle_experts",
+    "some_skip",
+    "all_skip",
+    "zero_w",
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -43,8 +43,12 @@ def tiny_lfm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_engine(path: str | Path) -> LLMEngine:
-    cfg = EngineConfig(max_num_seqs=4, enable_graphs=True, graph_batch_sizes=(1, 2, 4),
-                       graph_context_sizes=(CONTEXT_BUCKET,))  # fmt: skip
+    cfg = EngineConfig(
+        max_num_seqs=4,
+        enable_graphs=True,
+        graph_batch_sizes=(1, 2, 4),
+        graph_context_sizes=(CONTEXT_BUCKET,),
+    )
     return build_engine(path, dtype="float32", engine_config=cfg)
 
 
@@ -98,10 +102,12 @@ def test_standalone_exporter_scraped_by_prometheus(tiny_lfm2: Path, tmp_path: Pa
         with PromServer([f"127.0.0.1:{server.port}"], tmp_path / "prom") as prom:
             # Every series is there at 0 before the first request.
             prom.wait_value(used, lambda v: v == 0)
-            for expr in ('shortconv_graph_replay_failures_total{reason="replay"}',
-                         'shortconv_graph_eager_fallbacks_total{reason="no_bucket"}',
-                         "shortconv_session_cache_hits_total",
-                         'shortconv_step_duration_seconds_count{phase="mixed"}'):  # fmt: skip
+            for expr in (
+                'shortconv_graph_replay_failures_total{reason="replay"}',
+                'shortconv_graph_eager_fallbacks_total{reason="no_bucket"}',
+                "shortconv_session_cache_hits_total",
+                'shortconv_step_duration_seconds_count{phase="mixed"}',
+            ):
                 assert prom.value(expr) == 0, expr
             for p in PROMPTS:
                 engine.add_request(p, GREEDY)
@@ -187,18 +193,24 @@ def test_ray_metrics_port_scraped_by_prometheus(
     actor = ray.remote(num_cpus=0.5)(EngineActor).remote(str(tiny_lfm2))
     with PromServer([f"127.0.0.1:{ray_metrics_port}"], tmp_path / "prom") as prom:
         # Counters and gauges exist at 0 from the actor's start (histograms: first sample).
-        prom.wait_value('sum(ray_shortconv_graph_replay_failures_total{reason="replay"})',
-                        lambda v: v == 0, timeout_s=60)  # fmt: skip
-        for expr in ("ray_shortconv_session_cache_evictions_total",
-                     'ray_shortconv_state_slots_total{pool="conv"}',
-                     'ray_shortconv_request_success_total{finished_reason="abort"}'):  # fmt: skip
+        prom.wait_value(
+            'sum(ray_shortconv_graph_replay_failures_total{reason="replay"})',
+            lambda v: v == 0,
+            timeout_s=60,
+        )
+        for expr in (
+            "ray_shortconv_session_cache_evictions_total",
+            'ray_shortconv_state_slots_total{pool="conv"}',
+            'ray_shortconv_request_success_total{finished_reason="abort"}',
+        ):
             assert prom.value(f"sum({expr})") is not None, expr
         ray.get(actor.prompts.remote())
         cached = ray.get(actor.sessions_and_failures.remote())
         n = len(PROMPTS) + 4
         prom.wait_value("sum(ray_shortconv_time_to_first_token_seconds_count)", lambda v: v == n)
-        prom.wait_value('sum(ray_shortconv_graph_replay_failures_total{reason="replay"})',
-                        lambda v: v == 1)  # fmt: skip
+        prom.wait_value(
+            'sum(ray_shortconv_graph_replay_failures_total{reason="replay"})', lambda v: v == 1
+        )
         expect = {
             'ray_shortconv_graph_eager_fallbacks_total{reason="replay_error"}': 1,
             'ray_shortconv_request_success_total{finished_reason="length"}': n,

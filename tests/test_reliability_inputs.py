@@ -84,7 +84,7 @@ TABLE = {
         400,
         BAD,
         "messages.0.foo",
-    ),  # fmt: skip
+    ),
     "unknown-role": (
         CH,
         chat(messages=[{"role": "wizard", "content": "x"}]),
@@ -139,7 +139,7 @@ TABLE = {
         400,
         BAD,
         "stream_options",
-    ),  # fmt: skip
+    ),
     "penalty": (CH, chat(frequency_penalty=0.5), {}, 400, BAD, "frequency_penalty"),
     "logit_bias": (C, cmpl(logit_bias={"5": 1.0}), {}, 400, BAD, "logit_bias"),
     "tools": (CH, chat(tools=[{"type": "function"}]), {}, 400, BAD, "tools"),
@@ -150,7 +150,7 @@ TABLE = {
         400,
         BAD,
         "messages.0.content",
-    ),  # fmt: skip
+    ),
     "session-id-too-long": (C, cmpl(), {SESSION_HEADER: "s" * 300}, 400, BAD, SESSION_HEADER),
     "unknown-model": (C, cmpl(model="gpt-9"), {}, 404, BAD, "model_not_found"),
     "body-over-limit": (C, cmpl(prompt="z" * MAX_BYTES), {}, 413, BAD, "request_too_large"),
@@ -169,7 +169,7 @@ TABLE = {
         401,
         "authentication_error",
         "invalid_api_key",
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -68,9 +68,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prom.start()  # before the replica: its start-up zeros are scraped too
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         args = parse_args(
-            {"tiny_arch": "lfm2", "max_num_seqs": 8, "num_state_slots": 32, "enable_graphs": True,
-             "graph_batch_sizes": [1, 2], "session_ttl_s": SESSION_TTL_S}
-        )  # fmt: skip
+            {
+                "tiny_arch": "lfm2",
+                "max_num_seqs": 8,
+                "num_state_slots": 32,
+                "enable_graphs": True,
+                "graph_batch_sizes": [1, 2],
+                "session_ttl_s": SESSION_TTL_S,
+            }
+        )
         actor = deployment_options(args)["ray_actor_options"]
         actor["runtime_env"] = {"env_vars": {FAIL_REPLAYS_ENV: "1"}}  # merged with the job's
         serve.run(build_app(args, num_replicas=1, ray_actor_options=actor), name=APP)
@@ -128,12 +134,18 @@ def test_service_metrics_reach_prometheus(stack: Stack) -> None:
     prom, http = stack.prom, stack.http
     used = 'ray_shortconv_state_slots_used{pool="conv"}'
     # Every counter and gauge exists from the replica's start, before any request.
-    prom.wait_value(total('ray_shortconv_graph_replay_failures_total{reason="replay"}'),
-                    lambda v: v == 0, timeout_s=60)  # fmt: skip
+    prom.wait_value(
+        total('ray_shortconv_graph_replay_failures_total{reason="replay"}'),
+        lambda v: v == 0,
+        timeout_s=60,
+    )
     idle = prom.wait_value(total(used), lambda v: v >= 0)
-    for expr in ('ray_shortconv_graph_eager_fallbacks_total{reason="no_bucket"}',
-                 "ray_shortconv_session_cache_hits_total", "ray_shortconv_sessions_held",
-                 'ray_shortconv_request_success_total{finished_reason="abort"}'):  # fmt: skip
+    for expr in (
+        'ray_shortconv_graph_eager_fallbacks_total{reason="no_bucket"}',
+        "ray_shortconv_session_cache_hits_total",
+        "ray_shortconv_sessions_held",
+        'ray_shortconv_request_success_total{finished_reason="abort"}',
+    ):
         assert prom.value(total(expr)) == 0, expr
     (series,) = prom.query(select("ray_shortconv_graph_replays_total"))
     assert series["metric"]["deployment"] == "LLMServer" and series["metric"]["replica"]
@@ -157,8 +169,9 @@ def test_service_metrics_reach_prometheus(stack: Stack) -> None:
     complete(http, "One more plain request")
     requests = 1 + SESSIONS * TURNS + BURST + 1
 
-    prom.wait_value(total("ray_shortconv_time_to_first_token_seconds_count"),
-                    lambda v: v == requests)  # fmt: skip
+    prom.wait_value(
+        total("ray_shortconv_time_to_first_token_seconds_count"), lambda v: v == requests
+    )
     expect = {
         'ray_shortconv_graph_replay_failures_total{reason="replay"}': 1,
         'ray_shortconv_graph_replay_failures_total{reason="prepare"}': 0,

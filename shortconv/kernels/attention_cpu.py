@@ -93,9 +93,15 @@ def _gathered(
 
 
 def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, gather: torch.Tensor,
-    live: torch.Tensor, scale: float, scratch: StepScratch, key: str,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    gather: torch.Tensor,
+    live: torch.Tensor,
+    scale: float,
+    scratch: StepScratch,
+    key: str,
+) -> torch.Tensor:
     """One query per row: q [G, Hq, d], gather [G, L], live bool [G, L] → [G, Hq, d]."""
     g, num_heads, head_dim = q.shape
     num_kv, length = k_cache.shape[1], gather.shape[1]
@@ -147,8 +153,9 @@ def paged_attention_cpu(
         live = scratch.per_step(
             "single_live", lambda: step.attn_mask[single.seqs, 0, : single.max_len]
         )
-        part = _decode_attention(q[single.tokens], k_cache, v_cache, single.gather, live, scale,
-                                 scratch, "single")  # fmt: skip
+        part = _decode_attention(
+            q[single.tokens], k_cache, v_cache, single.gather, live, scale, scratch, "single"
+        )
         out[single.tokens] = part
     assert multi is not None
     rows = _kv_rows(multi.gather, k_cache.shape[1], scratch, "multi")

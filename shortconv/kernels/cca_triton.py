@@ -25,14 +25,44 @@ from shortconv.kernels import conv1d_triton
 
 
 def _cca_kernel(
-    x_ptr, w0_ptr, b0_ptr, w1_ptr, b1_ptr, state_ptr, qsl_ptr, seq_ptr, cache_ptr, init_ptr,
+    x_ptr,
+    w0_ptr,
+    b0_ptr,
+    w1_ptr,
+    b1_ptr,
+    state_ptr,
+    qsl_ptr,
+    seq_ptr,
+    cache_ptr,
+    init_ptr,
     out_ptr,
-    num_cols, batch, group, pad_slot_id,
-    x_sc, x_sn, w0_sc, w0_sj, w1_sc, w1_si, w1_ss, s_slot, s_c, s_k, o_sc, o_sn,
-    T0: tl.constexpr, T1: tl.constexpr, KW: tl.constexpr, HAS_B0: tl.constexpr,
-    HAS_B1: tl.constexpr, DECODE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_I: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    num_cols,
+    batch,
+    group,
+    pad_slot_id,
+    x_sc,
+    x_sn,
+    w0_sc,
+    w0_sj,
+    w1_sc,
+    w1_si,
+    w1_ss,
+    s_slot,
+    s_c,
+    s_k,
+    o_sc,
+    o_sn,
+    T0: tl.constexpr,
+    T1: tl.constexpr,
+    KW: tl.constexpr,
+    HAS_B0: tl.constexpr,
+    HAS_B1: tl.constexpr,
+    DECODE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     # Column n is a packed token (extend) or a batch row (decode, which is extend with every
     # row a resumed one-token sequence: position 0, x column n).
     head = tl.program_id(0).to(tl.int64)
@@ -144,25 +174,68 @@ def _check_shapes(
 
 
 def _launch(
-    x: torch.Tensor, x_sc: int, x_sn: int, w0: torch.Tensor, b0: torch.Tensor | None,
-    w1: torch.Tensor, b1: torch.Tensor | None, states: torch.Tensor, qsl: torch.Tensor,
-    seq: torch.Tensor, cache: torch.Tensor, init: torch.Tensor, pad_slot_id: int,
-    out: torch.Tensor, o_sc: int, o_sn: int, num_cols: int, decode: bool,
-) -> None:  # fmt: skip
+    x: torch.Tensor,
+    x_sc: int,
+    x_sn: int,
+    w0: torch.Tensor,
+    b0: torch.Tensor | None,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    states: torch.Tensor,
+    qsl: torch.Tensor,
+    seq: torch.Tensor,
+    cache: torch.Tensor,
+    init: torch.Tensor,
+    pad_slot_id: int,
+    out: torch.Tensor,
+    o_sc: int,
+    o_sn: int,
+    num_cols: int,
+    decode: bool,
+) -> None:
     t0, t1, g = _check_shapes(w0.shape[0], w0, w1, states)
     kw = (t0 - 1) + (t1 - 1)
     block_g = max(16, triton.next_power_of_2(g))  # tl.dot wants every dimension >= 16
     grid = (w0.shape[0] // g, triton.cdiv(num_cols, 16 if decode else 32))
     _jitted(bool(triton.knobs.runtime.interpret))[grid](
-        x, w0, b0 if b0 is not None else w0, w1, b1 if b1 is not None else w0, states, qsl, seq,
-        cache, init, out,
-        num_cols, cache.numel(), g, pad_slot_id,
-        x_sc, x_sn, w0.stride(0), w0.stride(1), w1.stride(0), w1.stride(1), w1.stride(2),
-        states.stride(0), states.stride(1), states.stride(2), o_sc, o_sn,
-        T0=t0, T1=t1, KW=kw, HAS_B0=b0 is not None, HAS_B1=b1 is not None, DECODE=decode,
-        BLOCK_G=block_g, BLOCK_I=min(block_g, 32), BLOCK_N=16 if decode else 32,
+        x,
+        w0,
+        b0 if b0 is not None else w0,
+        w1,
+        b1 if b1 is not None else w0,
+        states,
+        qsl,
+        seq,
+        cache,
+        init,
+        out,
+        num_cols,
+        cache.numel(),
+        g,
+        pad_slot_id,
+        x_sc,
+        x_sn,
+        w0.stride(0),
+        w0.stride(1),
+        w1.stride(0),
+        w1.stride(1),
+        w1.stride(2),
+        states.stride(0),
+        states.stride(1),
+        states.stride(2),
+        o_sc,
+        o_sn,
+        T0=t0,
+        T1=t1,
+        KW=kw,
+        HAS_B0=b0 is not None,
+        HAS_B1=b1 is not None,
+        DECODE=decode,
+        BLOCK_G=block_g,
+        BLOCK_I=min(block_g, 32),
+        BLOCK_N=16 if decode else 32,
         BLOCK_K=triton.next_power_of_2(max(kw, 1)),
-    )  # fmt: skip
+    )
 
 
 def cca_conv_fn_triton(
@@ -203,10 +276,25 @@ def cca_conv_fn_triton(
         right=True,
     ).to(torch.int32)
     _launch(
-        x, x.stride(0), x.stride(1), w0, b0, w1, b1, conv_states, query_start_loc, seq,
-        cache_indices, has_initial_state, pad_slot_id, out, out.stride(0), out.stride(1),
-        total, decode=False,
-    )  # fmt: skip
+        x,
+        x.stride(0),
+        x.stride(1),
+        w0,
+        b0,
+        w1,
+        b1,
+        conv_states,
+        query_start_loc,
+        seq,
+        cache_indices,
+        has_initial_state,
+        pad_slot_id,
+        out,
+        out.stride(0),
+        out.stride(1),
+        total,
+        decode=False,
+    )
     k = conv_states.shape[2]
     if k > 0:
         # A separate launch on the same stream: every token tile has read its sequence's
@@ -215,12 +303,22 @@ def cca_conv_fn_triton(
         state_k = conv1d_triton._kernels()[1]
         block_d = min(64, triton.next_power_of_2(chans))
         state_k[(triton.cdiv(chans, block_d), batch)](
-            x, conv_states, query_start_loc, cache_indices, has_initial_state,
-            chans, pad_slot_id,
-            x.stride(0), x.stride(1),
-            conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
-            WIDTH=k + 1, BLOCK_D=block_d, BLOCK_K=triton.next_power_of_2(k),
-        )  # fmt: skip
+            x,
+            conv_states,
+            query_start_loc,
+            cache_indices,
+            has_initial_state,
+            chans,
+            pad_slot_id,
+            x.stride(0),
+            x.stride(1),
+            conv_states.stride(0),
+            conv_states.stride(1),
+            conv_states.stride(2),
+            WIDTH=k + 1,
+            BLOCK_D=block_d,
+            BLOCK_K=triton.next_power_of_2(k),
+        )
     return out
 
 
@@ -252,8 +350,23 @@ def cca_conv_update_triton(
     # Decode needs no query_start_loc / per-token sequence / has_initial_state: any int
     # tensor fills those pointer slots, and they are never read.
     _launch(
-        x, x.stride(1), x.stride(0), w0, b0, w1, b1, conv_states, cache_indices, cache_indices,
-        cache_indices, cache_indices, pad_slot_id, out, out.stride(1), out.stride(0), batch,
+        x,
+        x.stride(1),
+        x.stride(0),
+        w0,
+        b0,
+        w1,
+        b1,
+        conv_states,
+        cache_indices,
+        cache_indices,
+        cache_indices,
+        cache_indices,
+        pad_slot_id,
+        out,
+        out.stride(1),
+        out.stride(0),
+        batch,
         decode=True,
-    )  # fmt: skip
+    )
     return out

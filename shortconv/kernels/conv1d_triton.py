@@ -21,11 +21,33 @@ import triton.language as tl
 
 
 def _fn_out_kernel(
-    x_ptr, w_ptr, b_ptr, state_ptr, qsl_ptr, seq_ptr, cache_ptr, init_ptr, out_ptr,
-    dim, total, batch, pad_slot_id,
-    x_sd, x_st, w_sd, w_sw, s_slot, s_d, s_w, o_sd, o_st,
-    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    state_ptr,
+    qsl_ptr,
+    seq_ptr,
+    cache_ptr,
+    init_ptr,
+    out_ptr,
+    dim,
+    total,
+    batch,
+    pad_slot_id,
+    x_sd,
+    x_st,
+    w_sd,
+    w_sw,
+    s_slot,
+    s_d,
+    s_w,
+    o_sd,
+    o_st,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
     # One [BLOCK_D, BLOCK_T] tile of the packed token axis; a tile may span several sequences,
     # so every token carries its own sequence's start, slot and initial-state flag.
     d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -68,11 +90,22 @@ def _fn_out_kernel(
 
 
 def _fn_state_kernel(
-    x_ptr, state_ptr, qsl_ptr, cache_ptr, init_ptr,
-    dim, pad_slot_id,
-    x_sd, x_st, s_slot, s_d, s_w,
-    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    state_ptr,
+    qsl_ptr,
+    cache_ptr,
+    init_ptr,
+    dim,
+    pad_slot_id,
+    x_sd,
+    x_st,
+    s_slot,
+    s_d,
+    s_w,
+    WIDTH: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     # Runs after _fn_out_kernel (same stream), so no output tile can still be reading the
     # initial state this overwrites.
     b = tl.program_id(1)
@@ -105,11 +138,28 @@ def _fn_state_kernel(
 
 
 def _update_kernel(
-    x_ptr, w_ptr, b_ptr, state_ptr, cache_ptr, out_ptr,
-    dim, pad_slot_id,
-    x_sb, x_sd, w_sd, w_sw, s_slot, s_d, s_w, o_sb, o_sd,
-    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    state_ptr,
+    cache_ptr,
+    out_ptr,
+    dim,
+    pad_slot_id,
+    x_sb,
+    x_sd,
+    w_sd,
+    w_sw,
+    s_slot,
+    s_d,
+    s_w,
+    o_sb,
+    o_sd,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     b = tl.program_id(1).to(tl.int64)
     d = (tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
     dmask = d < dim
@@ -212,21 +262,50 @@ def causal_conv1d_fn_triton(
     grid = (triton.cdiv(dim, block_d), triton.cdiv(total, block_t))
     if total > 0:
         out_k[grid](
-            x, weight, bias_arg, conv_states, query_start_loc, seq, cache_indices,
-            has_initial_state, out,
-            dim, total, batch, pad_slot_id,
-            x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-            conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
-            out.stride(0), out.stride(1),
-            WIDTH=width, HAS_BIAS=bias is not None, BLOCK_D=block_d, BLOCK_T=block_t,
-        )  # fmt: skip
+            x,
+            weight,
+            bias_arg,
+            conv_states,
+            query_start_loc,
+            seq,
+            cache_indices,
+            has_initial_state,
+            out,
+            dim,
+            total,
+            batch,
+            pad_slot_id,
+            x.stride(0),
+            x.stride(1),
+            weight.stride(0),
+            weight.stride(1),
+            conv_states.stride(0),
+            conv_states.stride(1),
+            conv_states.stride(2),
+            out.stride(0),
+            out.stride(1),
+            WIDTH=width,
+            HAS_BIAS=bias is not None,
+            BLOCK_D=block_d,
+            BLOCK_T=block_t,
+        )
     state_k[(triton.cdiv(dim, block_d), batch)](
-        x, conv_states, query_start_loc, cache_indices, has_initial_state,
-        dim, pad_slot_id,
-        x.stride(0), x.stride(1),
-        conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
-        WIDTH=width, BLOCK_D=block_d, BLOCK_K=block_k,
-    )  # fmt: skip
+        x,
+        conv_states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        dim,
+        pad_slot_id,
+        x.stride(0),
+        x.stride(1),
+        conv_states.stride(0),
+        conv_states.stride(1),
+        conv_states.stride(2),
+        WIDTH=width,
+        BLOCK_D=block_d,
+        BLOCK_K=block_k,
+    )
     return out
 
 
@@ -258,11 +337,26 @@ def causal_conv1d_update_triton(
     block_k = triton.next_power_of_2(width - 1)
     bias_arg = bias if bias is not None else weight
     update_k[(triton.cdiv(dim, block_d), batch)](
-        x, weight, bias_arg, conv_state, conv_state_indices, out,
-        dim, pad_slot_id,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        out.stride(0), out.stride(1),
-        WIDTH=width, HAS_BIAS=bias is not None, BLOCK_D=block_d, BLOCK_K=block_k,
-    )  # fmt: skip
+        x,
+        weight,
+        bias_arg,
+        conv_state,
+        conv_state_indices,
+        out,
+        dim,
+        pad_slot_id,
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        conv_state.stride(0),
+        conv_state.stride(1),
+        conv_state.stride(2),
+        out.stride(0),
+        out.stride(1),
+        WIDTH=width,
+        HAS_BIAS=bias is not None,
+        BLOCK_D=block_d,
+        BLOCK_K=block_k,
+    )
     return out

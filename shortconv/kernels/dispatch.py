@@ -106,9 +106,16 @@ def causal_conv1d_fn(
     """
     fn = _pick(x.device, "causal_conv1d_fn_triton", causal_conv1d_fn_ref)
     return fn(
-        x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
-        pad_slot_id, out=out,
-    )  # fmt: skip
+        x,
+        weight,
+        bias,
+        conv_states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        pad_slot_id,
+        out=out,
+    )
 
 
 def causal_conv1d_update(
@@ -128,9 +135,11 @@ def causal_conv1d_update(
     and keep their state.
     """
     fn = _pick(
-        x.device, "causal_conv1d_update_triton", causal_conv1d_update_ref,
+        x.device,
+        "causal_conv1d_update_triton",
+        causal_conv1d_update_ref,
         cpu=causal_conv1d_update_cpu,
-    )  # fmt: skip
+    )
     return fn(x, conv_state, weight, bias, conv_state_indices, pad_slot_id, out=out)
 
 
@@ -157,9 +166,18 @@ def cca_conv_fn(
     """
     fn = _pick(x.device, "cca_conv_fn_triton", cca_conv_fn_ref, "cca_triton")
     return fn(
-        x, w0, b0, w1, b1, conv_states, query_start_loc, cache_indices, has_initial_state,
-        pad_slot_id, out=out,
-    )  # fmt: skip
+        x,
+        w0,
+        b0,
+        w1,
+        b1,
+        conv_states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        pad_slot_id,
+        out=out,
+    )
 
 
 def cca_conv_update(
@@ -180,9 +198,12 @@ def cca_conv_update(
     cache_indices int [B] -> out [B, C]. Pad rows get zero outputs and keep their state.
     """
     fn = _pick(
-        x.device, "cca_conv_update_triton", cca_conv_update_ref, "cca_triton",
+        x.device,
+        "cca_conv_update_triton",
+        cca_conv_update_ref,
+        "cca_triton",
         cpu=cca_conv_update_cpu,
-    )  # fmt: skip
+    )
     return fn(x, conv_states, w0, b0, w1, b1, cache_indices, pad_slot_id, out=out)
 
 
@@ -276,9 +297,16 @@ def _paged_attention_triton(
             q, k_cache, v_cache, step.block_tables, step.seq_lens, scale, step.page_size
         )
     return mod.paged_attention_extend_triton(
-        q, k_cache, v_cache, step.block_tables, step.seq_lens, step.query_start_loc, scale,
-        step.page_size, max_query_len=step.max_query_len,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        step.block_tables,
+        step.seq_lens,
+        step.query_start_loc,
+        scale,
+        step.page_size,
+        max_query_len=step.max_query_len,
+    )
 
 
 # NOTE: the KV write is one index_copy_ per cache (graph-safe, no arithmetic): no Triton twin.

@@ -35,27 +35,52 @@ pytestmark = pytest.mark.gpu
 _COMMON: dict[str, Any] = {"vocab_size": 4096, "max_position_embeddings": 4096}
 CONFIGS: dict[str, dict[str, Any]] = {
     "lfm2": {
-        **_COMMON, "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2",
-        "hidden_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "conv_L_cache": 3, "block_ff_dim": 2048,
+        **_COMMON,
+        "architectures": ["Lfm2ForCausalLM"],
+        "model_type": "lfm2",
+        "hidden_size": 1024,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "conv_L_cache": 3,
+        "block_ff_dim": 2048,
         "block_auto_adjust_ff_dim": False,
         "layer_types": ["conv", "conv", "full_attention", "conv", "full_attention", "conv"],
     },
     "lfm2_moe": {
-        **_COMMON, "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe",
-        "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
-        "num_key_value_heads": 4, "conv_L_cache": 3, "intermediate_size": 1024,
-        "moe_intermediate_size": 256, "num_experts": 8, "num_experts_per_tok": 2,
-        "num_dense_layers": 1, "use_expert_bias": True,
+        **_COMMON,
+        "architectures": ["Lfm2MoeForCausalLM"],
+        "model_type": "lfm2_moe",
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "conv_L_cache": 3,
+        "intermediate_size": 1024,
+        "moe_intermediate_size": 256,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "num_dense_layers": 1,
+        "use_expert_bias": True,
         "layer_types": ["conv", "full_attention", "conv", "full_attention"],
     },
     "zaya1": {
-        **_COMMON, "architectures": ["ZayaForCausalLM"], "model_type": "zaya",
-        "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "head_dim": 64, "num_experts": 4, "num_experts_per_tok": 1,
-        "moe_intermediate_size": 256, "router_hidden_size": 64, "cca_time0": 2, "cca_time1": 2,
+        **_COMMON,
+        "architectures": ["ZayaForCausalLM"],
+        "model_type": "zaya",
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "num_experts": 4,
+        "num_experts_per_tok": 1,
+        "moe_intermediate_size": 256,
+        "router_hidden_size": 64,
+        "cca_time0": 2,
+        "cca_time1": 2,
     },
-}  # fmt: skip
+}
 PROMPT_LENS = (3, 14, 9, 30, 5, 17, 40, 12)
 
 
@@ -71,9 +96,14 @@ def _prefilled(
 ) -> tuple[RandomStack, Seqs, dict[str, torch.Tensor]]:
     eng = engine_config()
     stack = build_random_stack(
-        raw, device, torch.float32, eng, num_slots=NUM_SEQS + 2,
-        num_pages=1 + NUM_SEQS * PAGES_PER_SEQ, seed=1,
-    )  # fmt: skip
+        raw,
+        device,
+        torch.float32,
+        eng,
+        num_slots=NUM_SEQS + 2,
+        num_pages=1 + NUM_SEQS * PAGES_PER_SEQ,
+        seed=1,
+    )
     rng = random.Random(0)
     seqs = Seqs([[rng.randrange(1, raw["vocab_size"]) for _ in range(n)] for n in PROMPT_LENS])
     with torch.inference_mode():

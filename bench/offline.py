@@ -99,7 +99,6 @@ LFM2_MOE_SMALL = {  # LFM2-MoE layout (dense layer 0, 8 experts top-2) at ~60M t
 HF_TARGET = 5.0  # workload b, bf16 on a GPU: ours / transformers
 # NOTE: what a run imports beyond the top of this file (the executor, the GPU kernels, the
 # oracle); --dry-run imports exactly these (the kernels only with --device cuda).
-# SHORTCONV_DRYRUN_SKIP=mod1,mod2 leaves some out.
 RUN_IMPORTS = ("workers.local_executor", "transformers", "shortconv.config")
 CUDA_IMPORTS = (
     "triton",
@@ -239,10 +238,7 @@ def engine_kwargs(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 def dry_run(args: argparse.Namespace) -> None:
     import importlib
 
-    skip = {m for m in os.environ.get("SHORTCONV_DRYRUN_SKIP", "").split(",") if m}
-    mods = [
-        m for m in RUN_IMPORTS + (CUDA_IMPORTS if args.device == "cuda" else ()) if m not in skip
-    ]
+    mods = RUN_IMPORTS + (CUDA_IMPORTS if args.device == "cuda" else ())
     for mod in mods:
         importlib.import_module(mod)
     from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: F401
@@ -250,7 +246,7 @@ def dry_run(args: argparse.Namespace) -> None:
     arch = SHAPES[args.shape][0] if args.shape else "(--model)"
     lacks = transformers_lacks(ARCH_MODEL_TYPES[arch]) if args.shape else None
     print(
-        f"DRYRUN offline ok: imported {mods}, left out {sorted(skip)}; shape {args.shape} "
+        f"DRYRUN offline ok: imported {list(mods)}; shape {args.shape} "
         f"arch {arch}: {lacks or 'transformers has it'}"
     )
 

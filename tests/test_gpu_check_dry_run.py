@@ -1,11 +1,6 @@
 """`bash bench/gpu_check.sh --dry-run` on CPU: every stage imports what its GPU run imports and
 parses its arguments, with ray, pydantic, fastapi and prometheus_client hidden (the GPU machine
 has none of them), and each stage reports.
-
-NOTE: the kernels/decode/offline stages import shortconv.kernels.attention_triton and
-moe_triton, so this passes once those modules exist. Before that, verify by hand with
-`SHORTCONV_DRYRUN_SKIP=shortconv.kernels.attention_triton,shortconv.kernels.moe_triton`
-in the environment (this test passes the environment through and never sets it).
 """
 
 from __future__ import annotations

@@ -30,11 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("shortconv", "workers", "deployments")
 FACADE = "shortconv.llm"
 
-# Cycles that exist today and are being removed elsewhere, each named by the import that closes
-# it (src, dst) and why it is still there. The cycle check ignores these imports;
-# `test_known_cycles_are_still_there` fails once one no longer closes a cycle: then delete it.
-KNOWN_CYCLES: dict[tuple[str, str], str] = {}
-
 
 @dataclass(frozen=True)
 class Edge:
@@ -129,15 +124,12 @@ def test_workers_do_not_import_deployments(edges: list[Edge]) -> None:
     assert not bad, "workers/ must not depend on deployments/:\n" + "\n".join(bad)
 
 
-def engine_graph(
-    edges: list[Edge], skip: set[tuple[str, str]] | None = None
-) -> dict[str, set[str]]:
-    """Runtime imports among shortconv/ modules, without the `skip` (src, dst) pairs."""
+def engine_graph(edges: list[Edge]) -> dict[str, set[str]]:
+    """Runtime imports among shortconv/ modules (TYPE_CHECKING imports never run)."""
     graph: dict[str, set[str]] = {}
     for e in edges:
         if _top(e.src) == _top(e.dst) == "shortconv" and not e.type_only and e.src != e.dst:
-            if (e.src, e.dst) not in (skip or set()):
-                graph.setdefault(e.src, set()).add(e.dst)
+            graph.setdefault(e.src, set()).add(e.dst)
     return graph
 
 
@@ -189,21 +181,9 @@ def _describe(comp: frozenset[str], edges: list[Edge]) -> str:
 
 
 def test_no_import_cycles_in_the_engine(edges: list[Edge]) -> None:
-    cycles = strongly_connected(engine_graph(edges, skip=set(KNOWN_CYCLES)))
+    cycles = strongly_connected(engine_graph(edges))
     assert not cycles, "import cycles among shortconv/ modules:\n" + "\n\n".join(
         _describe(c, edges) for c in cycles
-    )
-
-
-@pytest.mark.parametrize("closing", sorted(KNOWN_CYCLES), ids=lambda e: "->".join(e))
-def test_known_cycles_are_still_there(closing: tuple[str, str], edges: list[Edge]) -> None:
-    """A known cycle that is gone must leave KNOWN_CYCLES, so it cannot come back unnoticed."""
-    src, dst = closing
-    others = set(KNOWN_CYCLES) - {closing}
-    on_a_cycle = any({src, dst} <= c for c in strongly_connected(engine_graph(edges, skip=others)))
-    assert on_a_cycle, (
-        f"{src} -> {dst} no longer closes an import cycle: delete it from KNOWN_CYCLES "
-        f"({KNOWN_CYCLES[closing]})"
     )
 
 

@@ -12,7 +12,7 @@ from shortconv.config import EngineConfig, ModelConfig
 from shortconv.parallel import SINGLE
 from shortconv.runner import ModelRunner
 from shortconv.tools.make_tiny import make_tiny_checkpoint
-from shortconv.worker_spec import Capacity, WorkerSpec
+from shortconv.worker_spec import Capacity, WorkerSpec, plan_worker_spec
 
 
 @pytest.mark.parametrize("arch", ["lfm2", "zaya1"])
@@ -41,3 +41,22 @@ def test_runner_allocates_weights_in_the_target_dtype(
     assert {p.dtype for p in runner.model.parameters()} == {torch.bfloat16}
     assert not any(p.requires_grad for p in runner.model.parameters())
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_graph_buckets_follow_the_kv_capped_max_model_len(tmp_path) -> None:
+    """A KV pool smaller than the model's context caps the engine's max_model_len, and the
+    captured decode graphs stop there: no bucket a sequence can never reach."""
+    path = make_tiny_checkpoint("lfm2", tmp_path, seed=3)
+    eng = EngineConfig(
+        max_num_seqs=2,
+        kv_page_size=16,
+        num_kv_pages=9,  # page 0 is scratch: 8 pages = 128 tokens per sequence at most
+        enable_graphs=True,
+        graph_batch_sizes=(1,),
+        graph_context_sizes=(64, 256, 512),
+    )
+    spec = plan_worker_spec(path, eng, "float32")
+    assert ModelConfig.from_dir(path).max_model_len > 128
+    assert spec.max_model_len == 128
+    runner = ModelRunner(spec, SINGLE)
+    assert runner.graphs is not None and runner.graphs.context_sizes == (64, 128)

@@ -20,10 +20,13 @@ for round in $(seq "$ROUNDS"); do
   for side in base new; do
     tree=$([ "$side" = base ] && echo "$BASE" || pwd)
     echo "== round $round $side ($(git -C "$tree" rev-parse --short HEAD))"
-    (cd "$tree" && PYTHONPATH="$tree" "$PY" bench/offline.py --vs none "$@") \
-      | tee /dev/stderr | sed -n "s/^SUMMARY offline /$side /p" >>"$LOG"
+    # NOTE: the run's output goes to a file and is printed after; `tee /dev/stderr` would
+    # reopen (and truncate) a redirected log.
+    (cd "$tree" && PYTHONPATH="$tree" "$PY" bench/offline.py --vs none "$@") >"$LOG.run" 2>&1
+    grep -v "it/s]" "$LOG.run" || true
+    sed -n "s/^SUMMARY offline /$side /p" "$LOG.run" >>"$LOG"
   done
-done 2>&1
+done
 "$PY" - "$LOG" <<'PYEOF'
 import re, statistics, sys
 rows: dict[tuple[str, str], dict[str, list[float]]] = {}

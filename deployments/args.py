@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shortconv.config import EngineConfig
+
 BatchSize = Annotated[int, Field(ge=1)]
 
 
@@ -26,6 +28,10 @@ class AppArgs(BaseModel):
     the Serve options derived from it).
     `prepack_cpu_weights` (CPU, fp32) keeps a oneDNN-blocked copy of each large linear weight,
     faster from 8 rows per step up, at the cost of about the weights' size again in memory.
+    `enable_prefix_caching` reuses any earlier request's cached prefix (KV pages shared, state
+    checkpointed every `prefix_checkpoint_interval` prompt tokens and at every end of prompt
+    and of generation, in `num_checkpoint_slots` extra state slots); see
+    shortconv/prefix_cache.py.
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/app.py, so a YAML sets a `deployments:` entry only to override one of them.
@@ -54,8 +60,21 @@ class AppArgs(BaseModel):
     enable_graphs: bool | None = None  # None: on for CUDA, off for CPU (the engine default)
     graph_batch_sizes: Annotated[list[BatchSize], Field(min_length=1)] | None = None
     prepack_cpu_weights: bool = True
+    enable_prefix_caching: bool = True
+    prefix_checkpoint_interval: int = Field(0, ge=0)  # 0: 64 tokens in whole KV pages
+    num_checkpoint_slots: int = Field(0, ge=0)  # 0: 8 per max_num_seqs
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _checkpoint_interval(self) -> AppArgs:
+        page = EngineConfig().kv_page_size
+        if self.prefix_checkpoint_interval % page:
+            raise ValueError(
+                f"prefix_checkpoint_interval ({self.prefix_checkpoint_interval}) must be a "
+                f"multiple of the KV page size ({page} tokens)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> AppArgs:

@@ -149,6 +149,14 @@ class AsyncEngine:
         if error is not None:
             raise EngineDead(error)
 
+    async def flush_prefix_cache(self) -> int:
+        """Drop the engine's prefix cache on the loop thread; returns the entries dropped."""
+        if not self.alive:
+            raise EngineDead(self._error or "the engine loop is not running")
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._cmds.put(("flush", fut))
+        return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
+
     def stats(self) -> dict[str, Any]:
         """The latest snapshot (engine occupancy + held sessions), refreshed by the loop."""
         return self._stats
@@ -226,6 +234,10 @@ class AsyncEngine:
         error = self._error or self._executor_error()
         fut.get_loop().call_soon_threadsafe(_resolve, fut, error)
 
+    def _cmd_flush(self, fut: asyncio.Future[int]) -> None:
+        dropped = self.engine.flush_prefix_cache()
+        fut.get_loop().call_soon_threadsafe(_resolve, fut, dropped)
+
     def _executor_error(self) -> str | None:
         """Why the executor (TP workers) is unusable, or None."""
         try:
@@ -280,6 +292,6 @@ def _put(stream: _Stream, delta: Delta) -> None:
         stream.loop.call_soon_threadsafe(stream.queue.put_nowait, delta)
 
 
-def _resolve(fut: asyncio.Future[str | None], error: str | None) -> None:
+def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
     if not fut.done():
-        fut.set_result(error)
+        fut.set_result(value)

@@ -9,6 +9,7 @@ from shortconv.outputs import RequestOutput
 from shortconv.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from shortconv.cached_sessions import CachedSessions
     from shortconv.graph_runner import GraphStats
     from shortconv.metrics import MetricsRecorder
     from shortconv.sessions import SessionStore
@@ -37,11 +38,14 @@ class EngineLike(Protocol):
     def stats(self) -> EngineStats: ...
     def graph_stats(self) -> GraphStats | None: ...
     def refresh_metrics(self) -> None: ...
+    def flush_prefix_cache(self) -> int:
+        """Drop every prefix-cache entry; returns how many (0 with caching off)."""
+
     def check_health(self) -> None:
         """Raise (ExecutorError) when the executor's workers are unusable."""
 
     @property
-    def sessions(self) -> SessionStore:
+    def sessions(self) -> SessionStore | CachedSessions:
         """Kept session state: TTL (`ttl_s`), `evict_idle()`, `session_ids()`."""
 
     def shutdown(self) -> None: ...

@@ -74,7 +74,8 @@ def session_id_of(request: Request) -> str | None:
 
 
 def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
-    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /v1/internal/stats."""
+    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /v1/internal/stats,
+    /v1/internal/reset_prefix_cache."""
     app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
     created = int(time.time())
     tokenizer = engine.engine.tokenizer
@@ -186,6 +187,13 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
     async def stats(request: Request) -> dict[str, Any]:
         check_auth(request, cfg.api_key)  # it lists session ids
         return {"replica_id": cfg.replica_id, **engine.stats()}
+
+    @app.post("/v1/internal/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request) -> dict[str, Any]:
+        """Drop this replica's prefix cache (kept sessions too); running requests keep their
+        own state. vLLM's /reset_prefix_cache, per replica."""
+        check_auth(request, cfg.api_key)
+        return {"replica_id": cfg.replica_id, "dropped": await engine.flush_prefix_cache()}
 
     _install_openapi(app, cfg.model_name)
     return app

@@ -80,6 +80,9 @@ def build_engine(args: AppArgs) -> EngineLike:
             num_state_slots=args.num_state_slots,
             max_model_len=args.max_model_len,
             prepack_cpu_weights=args.prepack_cpu_weights,
+            enable_prefix_caching=args.enable_prefix_caching,
+            prefix_checkpoint_interval=args.prefix_checkpoint_interval,
+            num_checkpoint_slots=args.num_checkpoint_slots,
             **graphs,
         ),
     )

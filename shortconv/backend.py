@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from shortconv.plan import StepPlan
+from shortconv.state_checkpoints import StateCheckpoints, build_state_checkpoints
 from shortconv.state_pool import StatePool
 from shortconv.step_tensors import StepScratch, StepTensors, build_step_tensors
 
@@ -27,6 +28,8 @@ class ShortConvMetadata:
     conv_state: `[n_slots, conv_dim, width-1]` this layer's pool tensor; cache_indices int64 [B];
     query_start_loc int32 [B+1]; has_initial_state bool [B]; `extra_state` is the layer's second
     state (ZAYA1's previous-token value, `[n_slots, dim]`) or None. Host mirrors are for extend.
+    `checkpoints`: the step's prefix-cache checkpoints inside chunks (None on most steps and
+    always in a captured decode graph); see `shortconv.state_checkpoints.checkpoint_state`.
     """
 
     conv_state: torch.Tensor
@@ -36,6 +39,7 @@ class ShortConvMetadata:
     is_decode: bool
     step: StepTensors
     extra_state: torch.Tensor | None = None
+    checkpoints: StateCheckpoints | None = None
 
     @property
     def query_start_loc_cpu(self) -> torch.Tensor:
@@ -86,18 +90,21 @@ class ShortConvBackend(BaseStateBackend):
         self.extra_state = extra_state  # name of the second per-layer state, if the model has one
         self.num_resolutions = 0  # NOTE: tests count this to prove once-per-step resolution
         self._step: StepTensors | None = None
+        self._checkpoints: StateCheckpoints | None = None
         self.scratch = StepScratch()
 
     def begin_step(self, plan: StepPlan) -> StepTensors:
         page_size = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
         step = build_step_tensors(plan, page_size, self.device, self.scratch)
         self.bind(step)
+        self._checkpoints = build_state_checkpoints(plan, self.device)
         return step
 
     def bind(self, step: StepTensors) -> None:
         """Make `step` the current step (graph replay binds its static buffers here)."""
         self.num_resolutions += 1
         self._step = step
+        self._checkpoints: StateCheckpoints | None = None
         self.scratch.new_step()
 
     @property
@@ -117,6 +124,7 @@ class ShortConvBackend(BaseStateBackend):
             is_decode=step.is_decode,
             step=step,
             extra_state=extra,
+            checkpoints=self._checkpoints,
         )
 
     def attention_metadata(self, layer_id: int) -> AttentionMetadata:

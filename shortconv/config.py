@@ -132,6 +132,13 @@ class EngineConfig:
     # CPU fp32: keep a oneDNN-blocked copy of every large linear weight (about the weights'
     # size again in memory) for batches of 8+ rows, where it measured 5-40% faster per GEMM.
     prepack_cpu_weights: bool = True
+    # Automatic prefix caching (shortconv.prefix_cache): KV pages shared by reference, recurrent
+    # state checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64 rounded up to
+    # whole pages; a multiple of kv_page_size) and at every end of prompt and of generation, in
+    # `num_checkpoint_slots` extra state slots (0: 8 per max_num_seqs).
+    enable_prefix_caching: bool = True
+    prefix_checkpoint_interval: int = 0
+    num_checkpoint_slots: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -142,6 +149,28 @@ class EngineConfig:
             )
         if self.kv_page_size < 1:
             raise ConfigError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
+        interval = self.prefix_checkpoint_interval
+        if interval < 0 or interval % self.kv_page_size:
+            raise ConfigError(
+                f"prefix_checkpoint_interval must be 0 (auto) or a positive multiple of "
+                f"kv_page_size={self.kv_page_size}, got {interval}"
+            )
+        if self.num_checkpoint_slots < 0:
+            raise ConfigError(f"num_checkpoint_slots must be >= 0, got {self.num_checkpoint_slots}")
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """Tokens between a prompt's state checkpoints (whole KV pages)."""
+        if self.prefix_checkpoint_interval:
+            return self.prefix_checkpoint_interval
+        return -(-64 // self.kv_page_size) * self.kv_page_size
+
+    @property
+    def checkpoint_slots(self) -> int:
+        """State slots reserved for prefix-cache checkpoints (0 with caching off)."""
+        if not self.enable_prefix_caching:
+            return 0
+        return self.num_checkpoint_slots or 8 * self.max_num_seqs
 
     def graphs_enabled(self, device: torch.device) -> bool:
         """`enable_graphs`, with None resolved for `device` (on for CUDA only)."""

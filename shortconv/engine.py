@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from shortconv.allocators import PageAllocator, SlotAllocator
+from shortconv.cached_sessions import CachedSessions
 from shortconv.config import ModelConfig
 from shortconv.executor import BaseExecutor, ExecutorError
 from shortconv.graph_runner import GraphStats
@@ -49,6 +50,8 @@ class LLMEngine:
                 self.max_model_len,
                 eng.kv_page_size,
                 tuple(sorted(eos)),
+                enable_prefix_caching=eng.enable_prefix_caching,
+                checkpoint_interval=eng.checkpoint_interval,
             ),
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),
@@ -59,6 +62,7 @@ class LLMEngine:
         self._finished: dict[str, int] = {}
         extra = _extra_state(self.model_cfg)
         self._pools = ("conv",) + ((extra,) if extra else ())
+        self.checkpoint_bytes = _bytes_per_slot(spec)  # one checkpoint, whole model
         # Set by shortconv.metrics.attach_metrics; None: no metrics work at all.
         self.metrics: MetricsRecorder | None = None
 
@@ -225,11 +229,33 @@ class LLMEngine:
             generation_tokens_total=self._counts["generation"],
             cached_tokens_total=self._counts["cached"],
             finished_by_reason=dict(self._finished),
+            **self._prefix_cache_stats(),
         )
+
+    def _prefix_cache_stats(self) -> dict[str, int]:
+        cache = self.scheduler.cache
+        if cache is None:
+            return {}
+        c = cache.counters
+        return {
+            "prefix_cache_query_tokens": c.query_tokens,
+            "prefix_cache_hit_tokens": c.hit_tokens,
+            "prefix_cache_checkpoints": cache.num_checkpoints,
+            "prefix_cache_checkpoint_bytes": cache.num_checkpoints * self.checkpoint_bytes,
+            "prefix_cache_pages": cache.num_pages,
+            "prefix_cache_evictions": c.evictions,
+        }
+
+    def flush_prefix_cache(self) -> int:
+        """Drop every prefix-cache entry (kept sessions' checkpoints too): after it, an idle
+        engine holds no slot and no page. Returns how many entries were dropped."""
+        dropped = self.scheduler.flush_prefix_cache()
+        self.refresh_metrics()
+        return dropped
 
     # ---- health and introspection (the Serve layer's view: deployments.engine_types) -------
     @property
-    def sessions(self) -> SessionStore:
+    def sessions(self) -> SessionStore | CachedSessions:
         """Kept session checkpoints (TTL, eviction, the ids this engine holds state for)."""
         return self.scheduler.sessions
 
@@ -252,6 +278,16 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _bytes_per_slot(spec: WorkerSpec) -> int:
+    """What one state slot (so one prefix-cache checkpoint) costs, every state kind, summed
+    over the model (at tp_size > 1 each rank holds its shard of it)."""
+    from shortconv.models.registry import model_class
+    from shortconv.parallel import SINGLE
+
+    specs = model_class(spec.model_cfg.arch).state_specs(spec.model_cfg, SINGLE)
+    return sum(s.bytes_per_slot(spec.dtype.itemsize) for s in specs)
 
 
 def _extra_state(cfg: ModelConfig) -> str | None:

@@ -140,7 +140,7 @@ METRICS: tuple[MetricDef, ...] = (
         "state_slots_used",
         "engine.slots_used",
         "State-pool slots in use (running "
-        "requests + kept session checkpoints); pools share slot ids and counts.",
+        "requests, prefix-cache and session checkpoints); pools share slot ids and counts.",
         "pool",
     ),
     _m(
@@ -208,7 +208,43 @@ METRICS: tuple[MetricDef, ...] = (
         "counter",
         "prefix_cached_tokens_total",
         "engine.cached_tokens_total",
-        "Prompt tokens resumed from session state instead of prefilled.",
+        "Prompt tokens resumed from kept state (prefix cache or session) instead of prefilled.",
+    ),
+    _m(
+        "counter",
+        "prefix_cache_queries_total",
+        "engine.prefix_cache_query_tokens",
+        "Prompt tokens of admitted requests looked up in the prefix cache.",
+    ),
+    _m(
+        "counter",
+        "prefix_cache_hits_total",
+        "engine.prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache (resumed instead of prefilled).",
+    ),
+    _m(
+        "counter",
+        "prefix_cache_evictions_total",
+        "engine.prefix_cache_evictions",
+        "Prefix-cache entries (checkpoints, pages) evicted under memory pressure or flushed.",
+    ),
+    _m(
+        "gauge",
+        "prefix_cache_checkpoints",
+        "engine.prefix_cache_checkpoints",
+        "State checkpoints held by the prefix cache (each one state slot).",
+    ),
+    _m(
+        "gauge",
+        "prefix_cache_checkpoint_bytes",
+        "engine.prefix_cache_checkpoint_bytes",
+        "Memory of the prefix cache's state checkpoints, over the whole model.",
+    ),
+    _m(
+        "gauge",
+        "prefix_cache_pages",
+        "engine.prefix_cache_pages",
+        "KV pages the prefix cache holds a reference to (shared pages counted once).",
     ),
     _m("gauge", "num_requests_running", "engine.num_running", "Requests in the running batch."),
     _m("gauge", "num_requests_waiting", "engine.num_waiting", "Requests waiting to be scheduled."),

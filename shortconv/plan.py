@@ -17,6 +17,9 @@ class SeqChunk:
     slot: int
     block_table: tuple[int, ...]  # KV pages covering positions [0, start_pos + len)
     sampling: SamplingRow | None  # set when this chunk ends the prompt or is a decode step
+    # Prefix-cache checkpoints inside the chunk: (tokens of this chunk folded in, 1..len-1;
+    # destination slot). The chunk's end state is checkpointed by `copies_after` instead.
+    checkpoints: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -29,13 +32,20 @@ class SeqChunk:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Everything a rank needs for one forward. A resumed session runs in its kept slot, so
-    nothing is copied before the forward; `copies_after` runs after it (snapshot a slot at the
-    end of a prompt into a spare slot)."""
+    """Everything a rank needs for one forward, as (src, dst) id pairs around it:
+    `copies_before` copies state slots (a request resuming from a prefix-cache checkpoint) and
+    `page_copies` KV pages (copy on write of a cached, partly filled page) before the forward;
+    `copies_after` snapshots slots after it (a checkpoint at the end of a chunk). A resumed
+    session without prefix caching runs in its kept slot and copies nothing before.
+
+    NOTE: each group is one gather then one scatter, so a slot or page freed and handed out
+    again while this plan was scheduled is read before anything in the plan writes it."""
 
     step_id: int
     seqs: tuple[SeqChunk, ...]
     copies_after: tuple[tuple[int, int], ...] = ()
+    copies_before: tuple[tuple[int, int], ...] = ()
+    page_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:

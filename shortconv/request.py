@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from shortconv.prefix_cache import CacheEntry
 from shortconv.sampling_params import SamplingParams
 from shortconv.sessions import Checkpoint
 
@@ -31,9 +32,13 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None
     session_id: str | None = None
-    num_cached_tokens: int = 0  # prompt tokens resumed from kept session state
+    num_cached_tokens: int = 0  # prompt tokens resumed from kept state (session or prefix cache)
     prompt_ckpt: Checkpoint | None = None  # end-of-prompt snapshot, kept with the session
     session_looked_up: bool = False  # the kept-state lookup happens once, at first admission
+    # Prefix caching: checkpoint (position, slot) pairs the running step writes, inserted into
+    # the cache once it has run; and the end-of-prompt entry a session pins.
+    pending_ckpts: list[tuple[int, int]] = field(default_factory=list)
+    prompt_entry: CacheEntry | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

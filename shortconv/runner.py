@@ -64,6 +64,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult | None:
         """Run one step; rank 0 returns the sampled tokens, other ranks return None."""
+        if plan.copies_before:  # before either path: a resumed row reads its copied state
+            self._copy(plan.copies_before)
+        if plan.page_copies:
+            self.pool.copy_pages(self._ids(plan.page_copies, 0), self._ids(plan.page_copies, 1))
         if self.graphs is not None and plan.seqs and plan.is_decode:
             decoded = self.graphs.run(plan)
             hidden_rows, used_graph = decoded.hidden, decoded.used_graph
@@ -89,9 +93,10 @@ class ModelRunner:
         return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph=used_graph)
 
     def _copy(self, pairs: tuple[tuple[int, int], ...]) -> None:
-        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
-        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
-        self.pool.copy_slots(src, dst)
+        self.pool.copy_slots(self._ids(pairs, 0), self._ids(pairs, 1))
+
+    def _ids(self, pairs: tuple[tuple[int, int], ...], col: int) -> torch.Tensor:
+        return torch.tensor([p[col] for p in pairs], dtype=torch.int64, device=self.device)
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         shapes = {k: tuple(v.shape) for k, v in self.pool.states.items()}

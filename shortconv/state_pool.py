@@ -87,6 +87,15 @@ class StatePool:
         for t in self.states.values():
             t[:, dst] = t[:, src]
 
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy whole KV pages `src` to `dst` (int64 device tensors) in every attention layer."""
+        if self.k_cache is None or self.v_cache is None or self.kv_spec is None:
+            return
+        ps = self.kv_spec.page_size
+        for t in (self.k_cache, self.v_cache):
+            paged = t.view(t.shape[0], -1, ps, *t.shape[2:])
+            paged[:, dst] = paged[:, src]
+
     def nbytes(self) -> int:
         total = sum(t.numel() * t.element_size() for t in self.states.values())
         for t in (self.k_cache, self.v_cache):

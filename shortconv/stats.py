@@ -25,6 +25,15 @@ class EngineStats:
     generation_tokens_total: int
     cached_tokens_total: int
     finished_by_reason: dict[str, int] = field(default_factory=dict)
+    # Prefix cache (all 0 with it off): lookups and hits in prompt tokens, the checkpoints and
+    # KV pages it holds (both counted in slots_used / kv_pages_used too), checkpoint memory
+    # over the whole model (each TP rank holds its shard), entries evicted.
+    prefix_cache_query_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_checkpoints: int = 0
+    prefix_cache_checkpoint_bytes: int = 0
+    prefix_cache_pages: int = 0
+    prefix_cache_evictions: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

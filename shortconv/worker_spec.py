@@ -70,8 +70,9 @@ def plan_capacity(
 ) -> Capacity:
     """Slots and KV pages. `kv_cache_bytes` caps one rank's KV pool: a page costs a rank only
     the KV heads it holds (a replicated KV head costs every rank holding it)."""
-    # Spare slots beyond max_num_seqs hold kept session checkpoints.
-    slots = eng.num_state_slots or 2 * eng.max_num_seqs + 1
+    # Spare slots beyond max_num_seqs hold kept session checkpoints; prefix-cache checkpoints
+    # get slots of their own on top.
+    slots = (eng.num_state_slots or 2 * eng.max_num_seqs + 1) + eng.checkpoint_slots
     if eng.num_kv_pages:
         return Capacity(slots, eng.num_kv_pages)
     per_seq = -(-max_len // eng.kv_page_size)

@@ -93,7 +93,9 @@ def test_bad_prompts_rejected_and_nothing_queued(llm, prompts, match):
     with pytest.raises(ValueError, match=match):
         llm.generate(prompt_token_ids=[[5, 6]] + prompts, sampling_params=G)
     assert not llm.engine.has_unfinished()
-    assert llm.engine.scheduler.slots.num_used == 0
+    # Nothing is held but the prefix cache's checkpoints and pages (evictable at any time).
+    s = llm.engine.stats()
+    assert (s.slots_used, s.kv_pages_used) == (s.prefix_cache_checkpoints, s.prefix_cache_pages)
     # The engine still serves good requests afterwards.
     assert len(llm.generate(prompt_token_ids=[[5, 6]], sampling_params=G)[0].token_ids) == 2
 

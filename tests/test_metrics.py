@@ -303,7 +303,12 @@ def test_standalone_llm_exports_over_http(tiny_lfm2: Path) -> None:
     assert 'shortconv_request_success_total{finished_reason="length"} 3.0' in text
     assert "shortconv_generation_tokens_total 12.0" in text
     assert "shortconv_prompt_tokens_total 9.0" in text
-    assert 'shortconv_state_slots_used{pool="conv"} 0.0' in text
+    # Every slot still used after the run is a prefix-cache checkpoint (3 prompts: 3 ends of
+    # prompt and 3 ends of generation), and the cache's lookups were counted.
+    assert 'shortconv_state_slots_used{pool="conv"} 6.0' in text
+    assert "shortconv_prefix_cache_checkpoints 6.0" in text
+    assert "shortconv_prefix_cache_queries_total 9.0" in text
+    assert re.search(r"^shortconv_prefix_cache_checkpoint_bytes [1-9]", text, flags=re.M)
     assert re.search(r"^shortconv_graph_replays_total [1-9]", text, flags=re.M)
     assert llm.engine.metrics is None  # close() detached the recorder
     _promtool(body)

@@ -109,6 +109,9 @@ class FakeEngine:
     def graph_stats(self) -> None:
         return None
 
+    def flush_prefix_cache(self) -> int:
+        return 0
+
     def refresh_metrics(self) -> None:
         pass
 

@@ -1,4 +1,7 @@
-"""Session state kept across turns in the engine: resume equals recompute, LRU eviction, release."""
+"""Session state kept across turns in the engine: resume equals recompute, LRU eviction, release.
+
+Every test runs twice: with prefix caching (the default: a session is a pin on the cache's
+checkpoints) and without it (the session store keeps the checkpoints itself)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,23 @@ def ckpt(request, tmp_path_factory):
     return make_tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param), seed=11)
 
 
+@pytest.fixture(params=[True, False], ids=["prefix-cache", "session-store"])
+def caching(request) -> bool:
+    return request.param
+
+
+def engine(ckpt, caching: bool, **kw) -> LLMEngine:
+    cfg = EngineConfig(enable_prefix_caching=caching, **kw)
+    return build_engine(ckpt, dtype="float32", engine_config=cfg)
+
+
+def release_all(eng: LLMEngine) -> None:
+    """Drop every kept session (and, with prefix caching, every cached entry)."""
+    while eng.scheduler.sessions.evict_lru():
+        pass
+    eng.flush_prefix_cache()
+
+
 def run(eng: LLMEngine, prompt: list[int], session: str | None = None) -> tuple[list[int], int]:
     rid = eng.add_request(prompt, G, session_id=session)
     while True:
@@ -26,9 +46,9 @@ def run(eng: LLMEngine, prompt: list[int], session: str | None = None) -> tuple[
                 return out.token_ids, out.num_cached_tokens
 
 
-def test_resume_from_generation_equals_recompute(ckpt):
-    eng = build_engine(ckpt, dtype="float32", engine_config=EngineConfig(max_num_batched_tokens=8))
-    ref = build_engine(ckpt, dtype="float32")
+def test_resume_from_generation_equals_recompute(ckpt, caching):
+    eng = engine(ckpt, caching, max_num_batched_tokens=8)
+    ref = engine(ckpt, False)
     p1 = [5, 9, 13, 17, 21, 25, 29]
     out1, cached1 = run(eng, p1, "s")
     assert cached1 == 0
@@ -42,9 +62,9 @@ def test_resume_from_generation_equals_recompute(ckpt):
     assert cached3 == len(p2) + len(out2) - 1 and out3 == run(ref, p3)[0]
 
 
-def test_resume_from_prompt_checkpoint_when_answer_rerendered(ckpt):
-    eng = build_engine(ckpt, dtype="float32")
-    ref = build_engine(ckpt, dtype="float32")
+def test_resume_from_prompt_checkpoint_when_answer_rerendered(ckpt, caching):
+    eng = engine(ckpt, caching)
+    ref = engine(ckpt, False)
     p1 = [5, 9, 13, 17, 21, 25, 29, 33, 37]
     out1, _ = run(eng, p1, "s")
     different_answer = [(t + 1) % 500 for t in out1]
@@ -54,9 +74,9 @@ def test_resume_from_prompt_checkpoint_when_answer_rerendered(ckpt):
     assert out2 == run(ref, p2)[0]
 
 
-def test_mismatch_is_full_prefill_and_other_sessions_unaffected(ckpt):
-    eng = build_engine(ckpt, dtype="float32")
-    ref = build_engine(ckpt, dtype="float32")
+def test_mismatch_is_full_prefill_and_other_sessions_unaffected(ckpt, caching):
+    eng = engine(ckpt, caching)
+    ref = engine(ckpt, False)
     a1, _ = run(eng, [5, 6, 7, 8], "a")
     run(eng, [9, 10, 11], "b")
     out, cached = run(eng, [100, 101, 102], "a")
@@ -66,10 +86,10 @@ def test_mismatch_is_full_prefill_and_other_sessions_unaffected(ckpt):
     assert cachedb == 0 or outb == run(ref, pb)[0]
 
 
-def test_lru_eviction_under_slot_pressure_and_release(ckpt):
-    cfg = EngineConfig(max_num_seqs=2, num_state_slots=5, max_num_batched_tokens=64)
-    eng = build_engine(ckpt, dtype="float32", engine_config=cfg)
-    ref = build_engine(ckpt, dtype="float32")
+def test_lru_eviction_under_slot_pressure_and_release(ckpt, caching):
+    kw = dict(max_num_seqs=2, num_state_slots=5, max_num_batched_tokens=64)
+    eng = engine(ckpt, caching, num_checkpoint_slots=1, **kw)
+    ref = engine(ckpt, False)
     sched = eng.scheduler
     for i in range(6):  # far more sessions than spare slots: older ones are evicted
         out, _ = run(eng, [5 + i, 6, 7, 8], f"s{i}")
@@ -80,13 +100,12 @@ def test_lru_eviction_under_slot_pressure_and_release(ckpt):
     p = [10, 6, 7, 8] + out + [1]
     out2, cached = run(eng, p, "s5")
     assert cached > 0 and out2 == run(ref, p)[0]
-    while sched.sessions.evict_lru():
-        pass
+    release_all(eng)
     assert sched.slots.num_used == 0 and sched.pages.num_used == 0
 
 
-def test_stats_track_occupancy_and_return_to_idle(ckpt):
-    eng = build_engine(ckpt, dtype="float32")
+def test_stats_track_occupancy_and_return_to_idle(ckpt, caching):
+    eng = engine(ckpt, caching)
     idle = eng.stats()
     assert idle.slots_used == 0 and idle.kv_pages_used == 0 and idle.pools[0] == "conv"
     eng.add_request([5, 6, 7], G, session_id="x")
@@ -102,13 +121,14 @@ def test_stats_track_occupancy_and_return_to_idle(ckpt):
     eng.step()
     eng.abort_request("gone")
     eng.scheduler.sessions.drop("x")
+    eng.flush_prefix_cache()
     idle = eng.stats()
     assert idle.slots_used == 0 and idle.kv_pages_used == 0 and idle.sessions_held == 0
     assert idle.finished_by_reason == {"length": 1, "abort": 1}
 
 
-def test_waiting_request_counts_one_session_miss(ckpt):
-    eng = build_engine(ckpt, dtype="float32", engine_config=EngineConfig(max_num_seqs=1))
+def test_waiting_request_counts_one_session_miss(ckpt, caching):
+    eng = engine(ckpt, caching, max_num_seqs=1)
     eng.add_request([5, 6, 7], G)
     eng.add_request([8, 9], G, session_id="new")  # waits behind the first for several steps
     while eng.has_unfinished():

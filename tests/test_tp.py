@@ -52,6 +52,7 @@ def engine_config(max_num_batched_tokens: int = 512) -> EngineConfig:
     return EngineConfig(
         max_num_seqs=4,
         num_state_slots=9,
+        num_checkpoint_slots=7,
         num_kv_pages=32,
         kv_page_size=8,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -213,22 +214,22 @@ def test_tp_session_resume_equals_tp1(group: Group, tp: int) -> None:
         assert_same_greedy(a, b)
 
 
-# Hand-computed per-rank state shapes of the tiny checkpoints (engine_config: 9 slots,
+# Hand-computed per-rank state shapes of the tiny checkpoints (engine_config: 9 + 7 slots,
 # 32 pages of 8 tokens). LFM2: 64 channels, head_dim 8, 4 conv and 2 attention layers of 6.
 # LFM2-MoE: 4 query / 2 KV heads (head_dim 16), 2 conv and 2 attention layers.
 # ZAYA1: head_dim 16, 3 layers; conv channels (own query heads + KV heads) * 16; the
 # previous-token width is the rank's share of the 2 * 16 / 2 = 16 previous-token channels,
 # all on the rank(s) holding KV head 1.
 EXPECTED_STATES = {
-    ("lfm2", 2): [{"conv": (4, 9, 32, 2), "kv": (2, 256, 1, 8)}] * 2,
-    ("lfm2", 4): [{"conv": (4, 9, 16, 2), "kv": (2, 256, 1, 8)}] * 4,
-    ("lfm2_moe", 2): [{"conv": (2, 9, 32, 2), "kv": (2, 256, 1, 16)}] * 2,
+    ("lfm2", 2): [{"conv": (4, 16, 32, 2), "kv": (2, 256, 1, 8)}] * 2,
+    ("lfm2", 4): [{"conv": (4, 16, 16, 2), "kv": (2, 256, 1, 8)}] * 4,
+    ("lfm2_moe", 2): [{"conv": (2, 16, 32, 2), "kv": (2, 256, 1, 16)}] * 2,
     ("zaya1", 2): [
-        {"conv": (3, 9, 80, 2), "prev_state": (3, 9, 0), "kv": (3, 256, 1, 16)},
-        {"conv": (3, 9, 80, 2), "prev_state": (3, 9, 16), "kv": (3, 256, 1, 16)},
+        {"conv": (3, 16, 80, 2), "prev_state": (3, 16, 0), "kv": (3, 256, 1, 16)},
+        {"conv": (3, 16, 80, 2), "prev_state": (3, 16, 16), "kv": (3, 256, 1, 16)},
     ],
-    ("zaya1", 4): [{"conv": (3, 9, 48, 2), "prev_state": (3, 9, 0), "kv": (3, 256, 1, 16)}] * 2
-    + [{"conv": (3, 9, 48, 2), "prev_state": (3, 9, 16), "kv": (3, 256, 1, 16)}] * 2,
+    ("zaya1", 4): [{"conv": (3, 16, 48, 2), "prev_state": (3, 16, 0), "kv": (3, 256, 1, 16)}] * 2
+    + [{"conv": (3, 16, 48, 2), "prev_state": (3, 16, 16), "kv": (3, 256, 1, 16)}] * 2,
 }
 
 
@@ -263,3 +264,33 @@ def test_slot_ids_identical_across_ranks(group: Group, tp: int) -> None:
         assert resolved == [[s.slot for s in plans[-1].seqs]] * tp
         slots_seen.update(resolved[0])
     assert len(slots_seen) == len(PROMPTS)
+
+
+def test_tp_prefix_cache_hits_equal_uncached_tp1(group: Group) -> None:
+    """Prefix-cache hits at TP=2 (state checkpoints inside and at the end of chunks, slot and
+    page copies on every rank) decode what TP=1 decodes without the cache."""
+    shared = [(13 * i + 5) % 200 + 3 for i in range(20)]
+    schedule = {
+        0: [shared + [1]],
+        12: [shared + [2, 3], shared + [4]],  # resume at 16 (checkpoints every 8 tokens)
+        24: [shared[:13] + [9]],  # at 8
+    }
+    cfg = replace(engine_config(6), prefix_checkpoint_interval=8)  # chunks of 6: inside too
+    ex = group.executor(2)
+    ref = drive(
+        LLMEngine(
+            replace(group.spec, engine_cfg=replace(cfg, enable_prefix_caching=False)), group.tp1
+        ),
+        schedule,
+    )
+    engine = LLMEngine(replace(group.spec, engine_cfg=cfg), ex)
+    plans: list[StepPlan] = []
+    engine.executor = _Recording(ex.execute, plans)  # type: ignore[assignment]
+    got = drive(engine, schedule)
+    cached = {rid: out.num_cached_tokens for rid, out in got.items()}
+    assert cached == {"step0-0": 0, "step12-0": 16, "step12-1": 16, "step24-0": 8}
+    assert any(p.copies_before for p in plans) and any(s.checkpoints for p in plans for s in p.seqs)
+    for rid in ref:
+        assert_same_greedy(got[rid], ref[rid])
+    engine.flush_prefix_cache()
+    assert engine.stats().slots_used == 0 and engine.stats().kv_pages_used == 0

@@ -37,6 +37,7 @@ from shortconv.layers.linear import (
 )
 from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.parallel import ParallelContext
+from shortconv.state_checkpoints import checkpoint_state
 
 
 def _heads(cfg: ModelConfig, tp: ParallelContext) -> HeadShard:
@@ -128,6 +129,7 @@ class CCAProjection(nn.Module):
                 qk, md.conv_state, dw.weight, dw.bias, gw.weight, gw.bias, md.cache_indices
             )
         else:
+            checkpoint_state(qk.t(), md.conv_state, md)
             conv = cca_conv_fn(
                 qk.t(),
                 dw.weight,
@@ -154,6 +156,7 @@ class CCAProjection(nn.Module):
         """Each token's previous-token delayed value; updates the slot's prev_state."""
         if md.is_decode:
             return cca_prev_value_update(delayed, md.extra_state, md.cache_indices)
+        checkpoint_state(delayed.t(), md.extra_state, md)
         # A fresh sequence's first token sees v_proj_delayed(0), which is the bias.
         return cca_prev_value_fn(
             delayed,

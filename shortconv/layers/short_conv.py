@@ -10,6 +10,7 @@ from shortconv.config import ModelConfig
 from shortconv.kernels import causal_conv1d_fn, causal_conv1d_update
 from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, mark_shard
 from shortconv.parallel import ParallelContext
+from shortconv.state_checkpoints import checkpoint_state
 
 
 class ShortConv(nn.Module):
@@ -33,6 +34,7 @@ class ShortConv(nn.Module):
                 bu, md.conv_state, self.conv_weight, self.conv_bias, md.cache_indices
             )
         else:
+            checkpoint_state(bu.transpose(0, 1), md.conv_state, md)
             y = causal_conv1d_fn(
                 bu.transpose(0, 1),
                 self.conv_weight,

@@ -96,8 +96,26 @@ def replica_stats(http: httpx.Client, num_replicas: int, tries: int = 40) -> dic
 
 
 def idle(stats: dict[str, Any]) -> bool:
-    """Nothing running, queued, held by a session, nor any slot or KV page in use."""
-    return all(stats[k] == 0 for k in IDLE_KEYS) and stats["sessions_held"] == 0
+    """Nothing running, queued or held by a session, and no slot or KV page in use but the
+    prefix cache's (evictable at any time; `flush_prefix_caches` gives those back too)."""
+    held = {
+        **stats,
+        "slots_used": stats["slots_used"] - stats["prefix_cache_checkpoints"],
+        "kv_pages_used": stats["kv_pages_used"] - stats["prefix_cache_pages"],
+    }
+    return all(held[k] == 0 for k in IDLE_KEYS) and stats["sessions_held"] == 0
+
+
+def flush_prefix_caches(http: httpx.Client, num_replicas: int, tries: int = 40) -> None:
+    """POST /v1/internal/reset_prefix_cache until every replica has answered one."""
+    flushed: set[str] = set()
+    for _ in range(tries):
+        r = http.post("/v1/internal/reset_prefix_cache")
+        r.raise_for_status()
+        flushed.add(r.json()["replica_id"])
+        if len(flushed) >= num_replicas:
+            return
+    raise AssertionError(f"reached {len(flushed)} of {num_replicas} replicas to flush")
 
 
 def wait_idle(http: httpx.Client, num_replicas: int, timeout_s: float = 30.0) -> dict[str, dict]:

@@ -48,6 +48,9 @@ def make_engine(path: str | Path) -> LLMEngine:
         enable_graphs=True,
         graph_batch_sizes=(1, 2, 4),
         graph_context_sizes=(CONTEXT_BUCKET,),
+        # The exporter's pipeline, with exact slot counts: sessions keep their own state here
+        # (the prefix cache's series are checked through the service in test_serve_metrics).
+        enable_prefix_caching=False,
     )
     return build_engine(path, dtype="float32", engine_config=cfg)
 

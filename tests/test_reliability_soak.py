@@ -20,7 +20,14 @@ from typing import Any
 
 import httpx
 import pytest
-from reliability_helpers import SESSION_HEADER, replica_stats, serve_app, stream_text, wait_idle
+from reliability_helpers import (
+    SESSION_HEADER,
+    flush_prefix_caches,
+    replica_stats,
+    serve_app,
+    stream_text,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -190,6 +197,12 @@ def test_soak_no_5xx_no_corruption_back_to_idle(base_url: str) -> None:
     with httpx.Client(base_url=base_url, timeout=30) as http:
         assert len(replica_stats(http, REPLICAS)) == REPLICAS
         final = wait_idle(http, REPLICAS)
+        # The prefix cache was used (shared prefixes, sessions) and, flushed, gives back the
+        # last slot and KV page: nothing leaked across cached, uncached and aborted requests.
+        assert sum(s["prefix_cache_hit_tokens"] for s in final.values()) > 0
+        flush_prefix_caches(http, REPLICAS)
+        for s in replica_stats(http, REPLICAS).values():
+            assert (s["slots_used"], s["kv_pages_used"], s["prefix_cache_pages"]) == (0, 0, 0)
     served = sum(sum(s["finished_by_reason"].values()) for s in final.values())
     assert served >= tally.statuses[200], (served, tally.statuses)
     assert sum(s["finished_by_reason"].get("abort", 0) for s in final.values()) >= 1

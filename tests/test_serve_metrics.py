@@ -192,7 +192,15 @@ def test_service_metrics_reach_prometheus(stack: Stack) -> None:
     # only the idle loop's sweep and gauge refresh can bring these back.
     prom.wait_value(total("ray_shortconv_session_cache_evictions_total"), lambda v: v == SESSIONS)
     prom.wait_value(total("ray_shortconv_sessions_held"), lambda v: v == 0)
+    # The prefix cache looked every prompt up and kept checkpoints (the sessions' turns hit it);
+    # its slots are what is left in use, and a flush gives them back.
+    assert prom.value(total("ray_shortconv_prefix_cache_hits_total")) > 0
+    assert prom.value(total("ray_shortconv_prefix_cache_queries_total")) > 0
+    checkpoints = prom.value(total("ray_shortconv_prefix_cache_checkpoints"))
+    assert checkpoints > 0 and prom.value(total(used)) == idle + checkpoints
+    assert http.post("/v1/internal/reset_prefix_cache").json()["dropped"] > 0
     prom.wait_value(total(used), lambda v: v == idle)
+    prom.wait_value(total("ray_shortconv_prefix_cache_checkpoints"), lambda v: v == 0)
 
 
 def test_build_engine_passes_graph_args_and_the_fault_hook(

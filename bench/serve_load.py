@@ -3,6 +3,7 @@
     .venv/bin/python bench/serve_load.py --url http://127.0.0.1:8000 --concurrency 8 --requests 64
     .venv/bin/python bench/serve_load.py --sessions 16 --turns 4      # x-session-id reuse vs none
     .venv/bin/python bench/serve_load.py --launch deployments/lfm2.yaml ...  # start one, then load
+    .venv/bin/python bench/serve_load.py --shared-prefix 1024 --prompt-tokens 64 ...  # workload d
 
 Plain load: `--concurrency` clients stream `/v1/completions` (token-id prompts, `ignore_eos`, so
 every request yields exactly `--max-tokens`) until `--requests` are done or `--duration` seconds
@@ -135,13 +136,17 @@ def report(tag: str, results: list[Result], wall: float) -> dict[str, float]:
 async def plain_load(args: argparse.Namespace, model: str) -> None:
     rng, issued, results = random.Random(args.seed), 0, []
     deadline = time.monotonic() + args.duration
+    shared = [rng.randrange(3, 250) for _ in range(args.shared_prefix)]
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         nonlocal issued
         while issued < args.requests and time.monotonic() < deadline:
             issued += 1
-            n = rng.randint(args.prompt_tokens // 2, args.prompt_tokens)
-            prompt = [rng.randrange(3, 250) for _ in range(n)]
+            if shared:  # workload (d): one shared system prompt + a suffix of exactly N tokens
+                prompt = shared + [rng.randrange(3, 250) for _ in range(args.prompt_tokens)]
+            else:
+                n = rng.randint(args.prompt_tokens // 2, args.prompt_tokens)
+                prompt = [rng.randrange(3, 250) for _ in range(n)]
             body = {
                 "model": model,
                 "prompt": prompt,
@@ -154,7 +159,10 @@ async def plain_load(args: argparse.Namespace, model: str) -> None:
     async with make_client(args) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(args.concurrency)))
-        report(f"plain concurrency={args.concurrency}", results, time.perf_counter() - t0)
+        tag = f"plain concurrency={args.concurrency}"
+        if shared:
+            tag += f" shared_prefix={len(shared)} suffix={args.prompt_tokens}"
+        report(tag, results, time.perf_counter() - t0)
 
 
 async def session_round(args: argparse.Namespace, model: str, tag: str, reuse: bool) -> None:
@@ -242,6 +250,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--duration", type=float, default=120.0, help="stop issuing after this")
     p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="N",
+        help="plain mode: every prompt is one shared N-token prefix + exactly --prompt-tokens",
+    )
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--sessions", type=int, default=0, help="> 0: the multi-turn session mode")
     p.add_argument("--turns", type=int, default=4)

@@ -22,7 +22,8 @@ Pure Python, owned by the scheduler; slot and page ids are the allocators' (same
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shortconv.allocators import PageAllocator, SlotAllocator
@@ -90,6 +91,9 @@ class PrefixCache:
         self.num_checkpoints = 0
         self._held: dict[int, int] = {}  # page -> the tree's references to it
         self._clock = 0
+        # Every entry, least recently used first (a touch moves an entry and its ancestors to
+        # the end), so eviction finds its victim near the front instead of walking the tree.
+        self._order: OrderedDict[int, CacheEntry] = OrderedDict()
         self._on_evict_pinned = on_evict_pinned
 
     # ---- lookup -------------------------------------------------------------------------
@@ -203,17 +207,15 @@ class PrefixCache:
         return dropped
 
     def _lru(self, need: str, pinned: bool) -> CacheEntry | None:
-        best: CacheEntry | None = None
-        for e in self._entries():
+        for e in self._order.values():
             if bool(e.pins) != pinned:
                 continue
             if need == "slot" and e.slot is None:
                 continue
             if need == "page" and not (e.is_tail or e.is_leaf):
                 continue
-            if best is None or e.last_used < best.last_used:
-                best = e
-        return best
+            return e
+        return None
 
     def _drop(self, entry: CacheEntry, whole: bool) -> None:
         if entry.slot is not None:
@@ -228,6 +230,7 @@ class PrefixCache:
             del parent.tails[entry.tokens]
         else:
             del parent.children[entry.tokens]
+        self._order.pop(id(entry), None)
         self._release_page(entry.page)
         # NOTE: a leaf without a checkpoint serves no lookup; drop it so every leaf is useful.
         if parent is not self.root and parent.is_leaf and parent.slot is None:
@@ -250,18 +253,14 @@ class PrefixCache:
         else:
             del self._held[page]
 
-    def _entries(self) -> Iterator[CacheEntry]:
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            if node is not self.root:
-                yield node
-            yield from node.tails.values()
-            stack.extend(node.children.values())
-
     def _touch(self, entry: CacheEntry) -> None:
         self._clock += 1
+        path: list[CacheEntry] = []
         node: CacheEntry | None = entry
-        while node is not None:  # an ancestor is at least as recent as its descendants
-            node.last_used = self._clock
+        while node is not None and node is not self.root:
+            path.append(node)
             node = node.parent
+        for node in reversed(path):  # an ancestor is at least as recent as its descendants
+            node.last_used = self._clock
+            self._order[id(node)] = node
+            self._order.move_to_end(id(node))

@@ -49,6 +49,7 @@ ARGS = {
     "tiny_arch": "lfm2",
     "max_num_seqs": 8,  # more than the slots: slots, not the batch size, are what run out
     "num_state_slots": SLOTS + 1,
+    "num_checkpoint_slots": 1,  # prefix-cache checkpoints compete for the same few slots
     "max_model_len": 160,  # one whole sequence always fits the KV pool (no livelock)
     "session_ttl_s": 4.0,  # kept sessions go soon after a test, so idle means empty
     "request_timeout_s": TIMEOUT_S,
@@ -116,7 +117,7 @@ def test_slot_exhaustion_sessions_wait_evict_and_preempt(svc: Svc) -> None:
     assert [g[0] for g in got] == want1
     assert [g[1] for g in got] == want2
     (stats,) = replica_stats(svc.http, 1).values()
-    assert stats["slots_total"] == SLOTS and stats["session_evictions"] > evictions0
+    assert stats["slots_total"] == SLOTS + 1 and stats["session_evictions"] > evictions0
     assert svc.fault_log.exists() and svc.fault_log.read_text().strip(), "nothing was preempted"
     wait_idle(svc.http, 1)
 

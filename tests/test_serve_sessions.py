@@ -5,7 +5,8 @@ One Serve instance for the module; the tests run in order and share it:
   1. sessions started on one replica keep their state when autoscaling adds a second;
   2. 8 sessions x 3 turns on 2 replicas: each turn resumes (cached_tokens > 0) on the replica
      that served the previous one, and matches the session-less (full prefill) answer exactly;
-  3. killing a session's owner: its next turn is re-prefilled elsewhere, still correct;
+  3. killing a session's owner: its next turn is prefilled elsewhere (from whatever prefix that
+     replica's cache holds), still correct;
   4. a streaming client that disconnects frees its slots and KV pages.
 """
 
@@ -162,7 +163,9 @@ def test_killed_owner_means_full_prefill_elsewhere(svc: Service) -> None:
     victim = svc.owner[sid]
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     t = take_turn(svc, sid)
-    assert t["replica"] != victim and t["cached"] == 0, t
+    # The session's state died with its owner. The new replica prefills what its own prefix
+    # cache lacks (the session-less reference turns it served may have cached a prefix).
+    assert t["replica"] != victim, t
     assert t["text"] == t["want"], t
     # The next turn sticks to the new owner and resumes there.
     t = take_turn(svc, sid)

@@ -120,6 +120,9 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 # ---- the two sides ------------------------------------------------------------------------
 def ours_run(llm: LLM, w: Workload, tag: str) -> list[list[int]]:
     """Generate the workload with our engine; returns every request's tokens (turn-major)."""
+    # NOTE: every run starts from an empty prefix cache: a repeated run of the same prompts
+    # would otherwise resume from the previous run's checkpoints and measure nothing.
+    llm.engine.flush_prefix_cache()
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w.outputs]
     if w.turns == 1:
         outs = llm.generate(prompt_token_ids=w.prompts, sampling_params=params)
@@ -143,8 +146,11 @@ def ours_run(llm: LLM, w: Workload, tag: str) -> list[list[int]]:
     return got
 
 
-def hf_generate(model: Any, prompts: list[list[int]], max_new: int, pad: int) -> list[list[int]]:
-    """One left-padded greedy `generate` call for all prompts (EOS never stops a row)."""
+def hf_generate(
+    model: Any, prompts: list[list[int]], max_new: int, pad: int, streamer: Any = None
+) -> list[list[int]]:
+    """One left-padded greedy `generate` call for all prompts (EOS never stops a row);
+    `streamer` is passed to `generate` (bench/prefix_workload.py times the prefill with it)."""
     from transformers import GenerationConfig
 
     width = max(len(p) for p in prompts)
@@ -160,7 +166,9 @@ def hf_generate(model: Any, prompts: list[list[int]], max_new: int, pad: int) ->
         bos_token_id=None,
     )
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=cfg, streamer=streamer
+        )
     return out[:, width:].tolist()
 
 

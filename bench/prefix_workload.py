@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from offline import SHAPES, prepare_model  # noqa: E402
+from offline import SHAPES, hf_generate, prepare_model  # noqa: E402
 
 from shortconv.llm import LLM  # noqa: E402
 from shortconv.sampling_params import SamplingParams  # noqa: E402
@@ -83,30 +83,14 @@ class _FirstToken:
 
 
 def hf(model: Any, prompts: list[list[int]], out: int, pad: int) -> dict[str, Any]:
-    from transformers import GenerationConfig
-
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    cfg = GenerationConfig(
-        do_sample=False,
-        max_new_tokens=out,
-        min_new_tokens=out,
-        eos_token_id=None,
-        pad_token_id=pad,
-        bos_token_id=None,
-    )
     t0 = time.perf_counter()
     streamer = _FirstToken(t0)
-    with torch.inference_mode():
-        res = model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=cfg, streamer=streamer
-        )
+    tokens = hf_generate(model, prompts, out, pad, streamer)
     wall = time.perf_counter() - t0
     return {
         "wall": wall,
         "ttft": [streamer.at or wall] * len(prompts),
-        "tokens": res[:, width:].tolist(),
+        "tokens": tokens,
         "cached": 0,
     }
 

@@ -120,7 +120,7 @@ def test_cpu_attention_path_matches_the_reference(
         if kind == "decode"
         else plan_of([0, 9, 4, 0], [6, 3, 1, 11])
     )
-    step = build_step_tensors(plan, PAGE, torch.device("cpu"))
+    step = build_step_tensors(plan, PAGE, torch.device("cpu"), dense_attention=True)
     k_cache = torch.randn(200 * PAGE, hk, d, generator=g)
     v_cache = torch.randn(200 * PAGE, hk, d, generator=g)
     q = torch.randn(step.num_tokens, hq, d, generator=g)

@@ -189,7 +189,7 @@ def _general_step_tensors(
     _check_tables(seqs, page_size)
     slot_mapping = tables[token_seq, positions // page_size] * page_size + positions % page_size
 
-    # Only the pages the context covers: the decode kernel sizes its splits by the table width.
+    # Only the pages the context covers: the decode kernel takes its split count from the width.
     block_tables = tables[:, : -(-max_l // page_size)].to(torch.int32)
 
     def dev(t: torch.Tensor) -> torch.Tensor:

@@ -3,15 +3,18 @@
 A decode step of shape (batch bucket B, context bucket L) needs the same `StepTensors` fields
 as an eager step, but at addresses that never change. They split in two:
 
-* primary, built on the host from the plan: token ids, positions, slots, seq_lens, the block
-  tables `[B, ceil(L / page)]` and the per-shape constant index rows. All of them are slices of
-  ONE flat int64 device buffer laid out per shape, so `refresh` is one host-to-device copy.
+* primary, built on the host from the plan: token ids, positions, slots, seq_lens, the
+  per-shape constant index rows and the block tables, compact: `[B, w]` for the w pages the
+  plan's longest context covers, after w itself. All of them are slices of ONE flat int64
+  device buffer laid out per shape, so `refresh` is one host-to-device copy, and it zeroes and
+  copies B * w table entries, not B * ceil(L / page): with one context bucket as wide as
+  max_model_len (the Triton path) a short-context step stays as cheap as in a bucket its size.
 * derived: slot_mapping, has_initial_state, query_start_loc, the int32 block_tables
-  `[B, ceil(L / page)]` the paged kernels read and, for the torch attention path only
-  (`dense_attention`), kv_gather `[B, L]` and attn_mask `[B, 1, L]`; computed on the device
-  from the primary ones by `derive`. The graph runner calls `derive` INSIDE the captured
-  region, so every replay rebuilds them from what `refresh` just wrote: no derived buffer can
-  be left stale (or uninitialised) by a replay.
+  `[B, ceil(L / page)]` the paged kernels read (the compact table expanded, page 0 past w)
+  and, for the torch attention path only (`dense_attention`), kv_gather `[B, L]` and
+  attn_mask `[B, 1, L]`; computed on the device from the primary ones by `derive`. The graph
+  runner calls `derive` INSIDE the captured region, so every replay rebuilds them from what
+  `refresh` just wrote: no derived buffer can be left stale (or uninitialised) by a replay.
 
 Without `dense_attention` (the Triton backend) no `[B, L]` buffer exists at all, and the
 step's `dense` is None: the paged kernels mask each row by its seq_lens, so one context bucket
@@ -72,7 +75,7 @@ class StaticDecodeBuffers:
         self.dense_attention = dense_attention
         self.row_fields = _ROW_FIELDS + (_DENSE_ROW_FIELDS if dense_attention else ())
         pages = _cdiv(max_context, page_size)
-        n_primary = len(self.row_fields) * max_batch + max_batch * pages
+        n_primary = len(self.row_fields) * max_batch + 1 + max_batch * pages
         # Pinned staging makes the refresh copy asynchronous; its reuse waits on _copy_done.
         pin = device.type == "cuda"
         self.primary_host = torch.zeros(n_primary, dtype=torch.int64, pin_memory=pin)
@@ -90,30 +93,19 @@ class StaticDecodeBuffers:
         self.query_start_loc = torch.zeros(max_batch + 1, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_batch * pages, dtype=torch.int32, device=device)
         # NOTE: a capture-time constant (like the weights), not per-step metadata.
-        arange_len = max(max_batch + 1, max_context if dense_attention else 0)
+        arange_len = max(max_batch + 1, pages, max_context if dense_attention else 0)
         self._arange = torch.arange(arange_len, device=device)
         self._copy_done: torch.cuda.Event | None = None
         self._steps: dict[DecodeShape, StepTensors] = {}
-        self._tables: dict[DecodeShape, torch.Tensor] = {}
 
-    def primary_size(self, shape: DecodeShape) -> int:
-        return shape.batch * (len(self.row_fields) + _cdiv(shape.context, self.page_size))
+    def _header(self, shape: DecodeShape) -> int:
+        """Where the table width w sits in the shape's primary layout (the compact table next)."""
+        return len(self.row_fields) * shape.batch
 
     def _rows(self, flat: torch.Tensor, shape: DecodeShape) -> dict[str, torch.Tensor]:
         b = shape.batch
         n = len(self.row_fields)
         return dict(zip(self.row_fields, flat[: n * b].view(n, b).unbind(0), strict=True))
-
-    def _table_view(self, flat: torch.Tensor, shape: DecodeShape) -> torch.Tensor:
-        b = shape.batch
-        start = len(self.row_fields) * b
-        return flat[start : self.primary_size(shape)].view(b, -1)
-
-    def tables(self, shape: DecodeShape) -> torch.Tensor:
-        """The device block tables `[B, ceil(L / page)]` of `shape` (page 0 = scratch)."""
-        if shape not in self._tables:
-            self._tables[shape] = self._table_view(self.primary, shape)
-        return self._tables[shape]
 
     def step(self, shape: DecodeShape) -> StepTensors:
         """StepTensors over the static buffers; built once per shape, same objects ever after."""
@@ -144,7 +136,6 @@ class StaticDecodeBuffers:
             page_size=self.page_size,
             dense=self._dense(shape, r) if self.dense_attention else None,
         )
-        self.tables(shape)
         return st
 
     def _dense(self, shape: DecodeShape, rows: dict[str, torch.Tensor]) -> DenseAttentionIndices:
@@ -169,18 +160,23 @@ class StaticDecodeBuffers:
         n, b, page = len(seqs), shape.batch, self.page_size
         if n > b or any(s.num_tokens != 1 or s.start_pos < 1 for s in seqs):
             raise ValueError(f"not a decode plan of at most {b} rows")
-        size = self.primary_size(shape)
-        self.primary_host[:size].zero_()
-        r = self._rows(self.primary_host, shape)
-        tables = self._table_view(self.primary_host, shape)
-        for i, s in enumerate(seqs):
+        for s in seqs:
             length = s.start_pos + 1
             if length > shape.context or _cdiv(length, page) > len(s.block_table):
                 raise ValueError(
                     f"request {s.request_id}: context {length} does not fit the bucket "
                     f"({shape.context}) or its block table ({len(s.block_table)} pages)"
                 )
-            used = s.block_table[: tables.shape[1]]
+        # The pages the longest context covers, as the eager decode builder lays them out.
+        width = max((_cdiv(s.start_pos + 1, page) for s in seqs), default=0)
+        head = self._header(shape)
+        size = head + 1 + b * width
+        self.primary_host[:size].zero_()
+        r = self._rows(self.primary_host, shape)
+        self.primary_host[head] = width
+        tables = self.primary_host[head + 1 : size].view(b, width)
+        for i, s in enumerate(seqs):
+            used = s.block_table[:width]
             tables[i, : len(used)] = torch.tensor(used, dtype=torch.int64)
         if n:
             r["input_ids"][:n] = torch.tensor([s.token_ids[0] for s in seqs])
@@ -201,22 +197,35 @@ class StaticDecodeBuffers:
 
         No host reads, fixed shapes: safe inside CUDA graph capture.
         """
-        st, tables, page = self.step(shape), self.tables(shape), self.page_size
-        b = shape.batch
+        st, page, b = self.step(shape), self.page_size, shape.batch
+        self._derive_tables(shape, st)
         if st.dense is not None:
             self._derive_dense(shape, st)
-        page_of = tables.gather(1, (st.positions // page)[:, None])[:, 0]
-        st.slot_mapping.copy_(page_of * page + st.positions % page)
+        page_of = st.block_tables.gather(1, (st.positions // page)[:, None])[:, 0]
+        st.slot_mapping.copy_(page_of.to(torch.int64) * page + st.positions % page)
         st.has_initial_state.copy_(st.cache_indices != 0)  # NOTE: slot 0 is never live
         st.query_start_loc.copy_(self._arange[: b + 1])
-        st.block_tables.copy_(tables)  # int64 -> int32: the paged kernels' page table
+
+    def _derive_tables(self, shape: DecodeShape, st: StepTensors) -> None:
+        """Expand the compact `[B, w]` table into block_tables `[B, P]`, page 0 past w. w is
+        read on the device (a 0-dim view), so the shapes stay fixed and no host sync happens."""
+        b, pages, head = shape.batch, st.block_tables.shape[1], self._header(shape)
+        # NOTE: refresh writes w <= P; the clamp keeps stray contents (never a plan's) in range.
+        width = self.primary[head].clamp(0, pages)
+        compact = self.primary[head + 1 : head + 1 + b * pages]
+        cols = self._arange[:pages][None, :]
+        inside = cols < width
+        src = torch.where(inside, self._arange[:b, None] * width + cols, torch.zeros_like(cols))
+        pages_of = torch.take(compact, src)
+        # NOTE: int64 -> int32 on the copy: the paged kernels' page table.
+        st.block_tables.copy_(torch.where(inside, pages_of, torch.zeros_like(pages_of)))
 
     def _derive_dense(self, shape: DecodeShape, st: StepTensors) -> None:
         """The torch attention path's kv_gather and attn_mask, in place (capturable)."""
         assert st.dense is not None
         page, ctx = self.page_size, self._arange[: shape.context]
         cols = (ctx // page).expand(shape.batch, -1)
-        flat = self.tables(shape).gather(1, cols) * page + ctx % page
+        flat = st.block_tables.gather(1, cols).to(torch.int64) * page + ctx % page
         live = ctx[None, :] < st.seq_lens[:, None]
         st.dense.kv_gather.copy_(torch.where(live, flat, torch.zeros_like(flat)))
         st.dense.attn_mask.copy_((ctx[None, :] <= st.positions[:, None])[:, None, :])

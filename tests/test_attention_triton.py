@@ -396,6 +396,30 @@ def test_static_buffers_feed_the_decode_kernel(device: str, counted: dict[str, i
     assert counted["decode"] == 2 and torch.equal(a, b)
 
 
+def test_refresh_writes_only_the_pages_the_plan_covers(device: str) -> None:
+    """In a bucket as wide as max_model_len, refresh zeroes and copies B x w table entries (w:
+    the pages of the plan's longest context), not B x ceil(L / page); derive still gives the
+    kernels the full-width table an eager step padded with scratch rows would have."""
+    page, shape = 4, DecodeShape(batch=4, context=1024)
+    plan = _plan([(8, 1), (20, 1), (3, 1)], page, seed=5)
+    bufs = StaticDecodeBuffers(4, 1024, page, torch.device(device), dense_attention=False)
+    for t in (bufs.primary_host, bufs.primary):
+        t.fill_(-7)  # a sentinel refresh must leave alone past the plan's pages
+    bufs.refresh(plan, shape)
+    bufs.derive(shape)
+    width = -(-21 // page)  # the longest context: 20 + 1 positions
+    used = len(bufs.row_fields) * shape.batch + 1 + shape.batch * width
+    for t in (bufs.primary_host, bufs.primary):
+        assert bool((t[used:] == -7).all()) and not bool((t[:used] == -7).any())
+    pad = SeqChunk("pad", (0,), 0, 0, (0,), None)
+    padded = StepPlan(1, plan.seqs + (pad,))
+    eager = build_step_tensors(padded, page, torch.device(device), dense_attention=False)
+    wide = F.pad(eager.block_tables, (0, 1024 // page - eager.block_tables.shape[1]), value=0)
+    static = bufs.step(shape)
+    assert torch.equal(static.block_tables, wide)
+    assert torch.equal(static.slot_mapping, eager.slot_mapping)
+
+
 def test_torch_path_refuses_a_step_built_for_the_paged_kernels(device: str) -> None:
     """A step built without the dense indices never reaches the torch attention path as a
     missing tensor: it fails by name (the backend decides the layout once; this is the guard

@@ -12,6 +12,13 @@ GraphRunner.run (refresh the static buffers, snapshot the step's state, replay).
 includes the LM head, which both paths run the same way. On CPU a "replay" is the same forward
 on padded static buffers, so the ratio there only shows the protocol's overhead.
 Target: graph replay >= 3x faster than eager at batch 1 for the LFM2-350M shape.
+
+Capture. `SUMMARY capture` reports how many graphs were captured, over which context buckets,
+and in how long. On the paged (Triton) path that is one context bucket, the model's
+max_model_len; the former layout (dense gather and mask, one context bucket of `--context`) is
+captured next to it for the first model and replayed on the same plans (`SUMMARY
+decode_bucket`), so the single wide bucket's cost per replay at a short context is measured,
+not assumed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from shortconv.backend import ShortConvBackend  # noqa: E402
 from shortconv.config import EngineConfig  # noqa: E402
 from shortconv.graph_runner import GraphRunner  # noqa: E402
 from shortconv.plan import SeqChunk, StepPlan  # noqa: E402
@@ -97,7 +105,9 @@ def bench_model(
     device: str,
     dtype: torch.dtype,
     iters: int,
+    compare_former: bool = False,
 ) -> list[tuple[str, int, float, float]]:
+    """`compare_former`: on the paged path, also capture and replay the former layout."""
     max_b = max(batches)
     eng = EngineConfig(
         max_num_seqs=max_b,
@@ -108,14 +118,15 @@ def bench_model(
     pages = 1 + max_b * -(-context // PAGE)
     t0 = time.perf_counter()
     stack = build_random_stack(raw, device, dtype, eng, num_slots=max_b + 1, num_pages=pages)
-    graphs = GraphRunner(stack.model, stack.backend, eng, stack.cfg.max_model_len)
-    graphs.capture()
-    st = graphs.stats()
-    print(
-        f"# {name}: built in {time.perf_counter() - t0:.1f}s, "
-        f"{st.num_graphs} graphs in {st.capture_seconds:.2f}s"
-    )
+    graphs = captured(name, stack.model, stack.backend, eng, stack.cfg.max_model_len)
+    print(f"# {name}: built and captured in {time.perf_counter() - t0:.1f}s")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    former = None
+    if compare_former and not stack.backend.dense_attention:  # the paged path only
+        dense = ShortConvBackend(
+            stack.pool, stack.device, stack.backend.extra_state, dense_attention=True
+        )
+        former = captured(f"{name}-former", stack.model, dense, eng, context)
     rows = []
     for b in batches:
         plan = decode_plan(b, context)
@@ -134,7 +145,32 @@ def bench_model(
             f"speedup {t_eager / t_graph:5.2f}x",
             flush=True,
         )
+        if former is not None:
+            t_former = _time(lambda plan=plan: former.run(plan), iters, sync)
+            print(
+                f"SUMMARY decode_bucket {name} batch={b} context={context} "
+                f"single_bucket_ms={t_graph:.3f} former_ms={t_former:.3f} "
+                f"ratio={t_graph / t_former:.2f}",
+                flush=True,
+            )
     return rows
+
+
+def captured(
+    name: str, model: Any, backend: ShortConvBackend, eng: EngineConfig, max_model_len: int
+) -> GraphRunner:
+    """A GraphRunner with every bucket captured, reported as one `SUMMARY capture` line."""
+    graphs = GraphRunner(model, backend, eng, max_model_len)
+    graphs.capture()
+    st = graphs.stats()
+    layout = "dense" if backend.dense_attention else "paged"
+    contexts = ",".join(str(c) for c in graphs.context_sizes)
+    print(
+        f"SUMMARY capture {name} attention={layout} graphs={st.num_graphs} "
+        f"context_buckets={contexts} seconds={st.capture_seconds:.2f}",
+        flush=True,
+    )
+    return graphs
 
 
 def shallow(raw: dict[str, Any]) -> dict[str, Any]:
@@ -200,8 +236,9 @@ def main(argv: list[str] | None = None) -> None:
         models, iters = [(f"{n}-shallow", shallow(raw)) for n, raw in models], 1
     print(f"# decode step, {device} {dtype}, context {context}, median of {iters}", flush=True)
     rows = []
-    for name, raw in models:
-        rows += bench_model(name, raw, batches, context, device, dtype, iters)
+    for i, (name, raw) in enumerate(models):
+        # The first model alone (LFM2-350M on GPU) gets the layout A/B: the stage's budget.
+        rows += bench_model(name, raw, batches, context, device, dtype, iters, i == 0)
         if device == "cuda":
             torch.cuda.empty_cache()  # the previous model is gone; give its memory back
     if args.warmup:

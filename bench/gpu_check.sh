@@ -7,7 +7,10 @@
 #   tests   150 s  the `gpu` tests (pytest, parallel with pytest-xdist when present; without
 #                  pytest, bench/gpu_runner.py runs the fixture-free tests)
 #   kernels  48 s  conv / paged attention / fused MoE bandwidth vs the device copy
-#   decode   70 s  decode step, graph replay vs eager (LFM2-350M and ZAYA1 shapes)
+#   decode   70 s  decode step, graph replay vs eager (LFM2-350M and ZAYA1 shapes); capture
+#                  time (SUMMARY capture: one context bucket on the Triton path) and, for
+#                  LFM2-350M, replay in that bucket vs the former per-context bucket
+#                  (SUMMARY decode_bucket)
 #   offline  85 s  workload b in bf16, ours vs transformers (LFM2-350M shape)
 # Each stage writes $OUT/<stage>.log and appends its row and SUMMARY lines to $OUT/summary.md
 # as soon as it ends, so a run cut short still reports what finished; the targets table

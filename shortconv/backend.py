@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shortconv.kernels.dispatch import needs_dense_attention
 from shortconv.plan import StepPlan
 from shortconv.state_checkpoints import StateCheckpoints, build_state_checkpoints
 from shortconv.state_pool import StatePool
@@ -84,9 +85,19 @@ class BaseStateBackend(ABC):
 class ShortConvBackend(BaseStateBackend):
     """The backend shared by LFM2, LFM2-MoE and ZAYA1."""
 
-    def __init__(self, pool: StatePool, device: torch.device, extra_state: str | None = None):
+    def __init__(
+        self,
+        pool: StatePool,
+        device: torch.device,
+        extra_state: str | None = None,
+        dense_attention: bool | None = None,
+    ):
         self.pool = pool
         self.device = device
+        # NOTE: decided once (None: from the kernel dispatch); every step is built to match.
+        self.dense_attention = (
+            needs_dense_attention(device) if dense_attention is None else dense_attention
+        )
         self.extra_state = extra_state  # name of the second per-layer state, if the model has one
         self.num_resolutions = 0  # NOTE: tests count this to prove once-per-step resolution
         self._step: StepTensors | None = None
@@ -95,7 +106,9 @@ class ShortConvBackend(BaseStateBackend):
 
     def begin_step(self, plan: StepPlan) -> StepTensors:
         page_size = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
-        step = build_step_tensors(plan, page_size, self.device, self.scratch)
+        step = build_step_tensors(
+            plan, page_size, self.device, self.scratch, dense_attention=self.dense_attention
+        )
         self.bind(step)
         self._checkpoints = build_state_checkpoints(plan, self.device)
         return step

@@ -126,8 +126,9 @@ class EngineConfig:
     # runs every expert: measured 1.3x slower per decode step (bench/RESULTS.md, CPU results).
     enable_graphs: bool | None = None
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    # Decode contexts (tokens) the captured graphs cover, each capped at max_model_len; longer
-    # contexts decode eagerly. See shortconv.graph_runner for why context is bucketed.
+    # Decode contexts (tokens) the captured graphs cover on the torch attention path, each
+    # capped at max_model_len; longer contexts decode eagerly. The Triton path ignores it (one
+    # bucket, max_model_len). See shortconv.graph_runner for why context is bucketed.
     graph_context_sizes: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
     # CPU fp32: keep a oneDNN-blocked copy of every large linear weight (about the weights'
     # size again in memory) for batches of 8+ rows, where it measured 5-40% faster per GEMM.

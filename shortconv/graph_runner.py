@@ -1,17 +1,22 @@
 """Graph-captured decode over a ladder of (batch, context) buckets.
 
 Every decode step is padded to a bucket: B = the smallest `graph_batch_sizes` entry >= its
-rows, L = the smallest `graph_context_sizes` entry >= its longest context. Rows past the plan
-are scratch rows (slot 0, page 0: the padding contract in `static_buffers`).
+rows, L = the smallest context bucket >= its longest context. Rows past the plan are scratch
+rows (slot 0, page 0: the padding contract in `static_buffers`).
 
-Why a context dimension: decode attention gathers each row's context into `[B, L]` and masks
-it; a captured graph needs that L fixed. One L = max_model_len would make every step pay for the
-longest possible context (128k positions for LFM2), so L is bucketed too (doubling by default:
-at most 2x waste) and contexts longer than the largest bucket run eagerly, like vLLM's
-`max_seq_len_to_capture`. The Triton decode kernel loops over seq_lens and reads only
-`block_tables` `[B, ceil(L / page)]` (L sets its split count), so on that backend the context
-dimension could collapse to one bucket once `derive` stops building the torch path's dense
-gather and mask; the static-buffer protocol would not change.
+Context buckets depend on the attention path, decided once by the backend
+(`backend.dense_attention`):
+
+* torch path (CPU): decode attention gathers each row's context into `[B, L]` and masks it; a
+  captured step needs that L fixed. One L = max_model_len would make every step pay for the
+  longest possible context (128k positions for LFM2), so L is bucketed (`graph_context_sizes`,
+  doubling by default: at most 2x waste) and contexts past the largest bucket run eagerly, like
+  vLLM's `max_seq_len_to_capture`.
+* Triton path (CUDA, or SHORTCONV_KERNELS=triton): the paged decode kernel reads only
+  `block_tables` `[B, ceil(L / page)]` and bounds each row's work by its own seq_lens (its
+  splits divide the row's context, not the table), and the static buffers build no `[B, L]`
+  gather or mask. So one context bucket, the engine's KV-capped max_model_len, covers every
+  decode step: one graph per batch bucket, and no decode step falls back for its length.
 
 On CUDA each shape is captured once at start-up (largest first, one shared memory pool) and
 replayed; on CPU "capture" only allocates the static buffers and a replay runs the same forward
@@ -79,12 +84,15 @@ def batch_buckets(sizes: tuple[int, ...], max_num_seqs: int) -> tuple[int, ...]:
     return tuple(b for b in ladder if b < max_num_seqs) + tuple(covering[:1])
 
 
-def context_buckets(sizes: tuple[int, ...], max_model_len: int) -> tuple[int, ...]:
-    """Sorted context buckets, each capped at max_model_len."""
+def context_buckets(
+    sizes: tuple[int, ...], max_model_len: int, dense_attention: bool = True
+) -> tuple[int, ...]:
+    """Sorted context buckets, each capped at max_model_len; the paged (Triton) attention path
+    (`dense_attention=False`) needs one only, max_model_len itself (see the module docstring)."""
     ladder = sorted({min(int(c), max_model_len) for c in sizes})
     if not ladder or ladder[0] < 1:
         raise ConfigError(f"graph_context_sizes must be positive integers, got {sizes}")
-    return tuple(ladder)
+    return tuple(ladder) if dense_attention else (max_model_len,)
 
 
 class GraphRunner:
@@ -103,10 +111,11 @@ class GraphRunner:
         self.tp_size = tp_size
         self.use_cuda_graphs = self.device.type == "cuda"
         self.batch_sizes = batch_buckets(engine_cfg.graph_batch_sizes, engine_cfg.max_num_seqs)
-        self.context_sizes = context_buckets(engine_cfg.graph_context_sizes, max_model_len)
+        dense = backend.dense_attention
+        self.context_sizes = context_buckets(engine_cfg.graph_context_sizes, max_model_len, dense)
         page = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
         self.buffers = StaticDecodeBuffers(
-            self.batch_sizes[-1], self.context_sizes[-1], page, self.device
+            self.batch_sizes[-1], self.context_sizes[-1], page, self.device, dense_attention=dense
         )
         # NOTE: modules that sync the host on their default path (FusedExperts) expose a
         # `capture_safe` flag; it is on only while a captured step is recorded or run.
@@ -131,6 +140,13 @@ class GraphRunner:
     def capture(self) -> None:
         shapes = self.shapes()
         pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
+        log.info(
+            "capturing %d decode graphs: batch sizes %s x context sizes %s (%s attention)",
+            len(shapes),
+            list(self.batch_sizes),
+            list(self.context_sizes),
+            "dense torch" if self.buffers.dense_attention else "paged Triton",
+        )
         start = time.perf_counter()
         for k, shape in enumerate(shapes, 1):
             t0 = time.perf_counter()
@@ -138,14 +154,16 @@ class GraphRunner:
             if self.use_cuda_graphs:
                 self._capture_cuda(shape, pool)
             self._ready.add(shape)
+            now = time.perf_counter()
             log.info(
-                "decode graph %d/%d (batch %d, context %d) %s in %.1f ms",
+                "decode graph %d/%d (batch %d, context %d) %s in %.1f ms, elapsed %.2f s",
                 k,
                 len(shapes),
                 shape.batch,
                 shape.context,
                 "captured" if self.use_cuda_graphs else "prepared",
-                1e3 * (time.perf_counter() - t0),
+                1e3 * (now - t0),
+                now - start,
             )
         self._capture_seconds = time.perf_counter() - start
         log.info("%d decode graphs ready in %.2f s", len(shapes), self._capture_seconds)

@@ -109,20 +109,27 @@ class Seqs:
 
 def padded_step(runner: ModelRunner, plan: StepPlan, batch: int, context: int) -> StepTensors:
     """Eager step tensors of the plan at exactly a bucket's shapes, built independently of the
-    static buffers: explicit scratch rows (slot 0, page 0) up to `batch`, then kv_gather and
-    attn_mask widened to `context` columns with masked scratch entries, and block_tables to
-    the bucket's ceil(context / PAGE) pages with scratch page 0 (the Triton decode kernel sizes
-    its splits by that width, so the replay and this step must agree on it)."""
+    static buffers, in the backend's layout: explicit scratch rows (slot 0, page 0) up to
+    `batch`, block_tables widened to the bucket's ceil(context / PAGE) pages with scratch page
+    0 (the Triton decode kernel's split count comes from that width, so the replay and this step
+    must agree on it) and, for the torch path, kv_gather and attn_mask widened to `context`
+    columns with masked scratch entries."""
     pad = SeqChunk("pad", (0,), 1, 0, (0,), None)
     plan = StepPlan(plan.step_id, plan.seqs + (pad,) * (batch - len(plan.seqs)))
-    step = build_step_tensors(plan, PAGE, runner.device)
+    dense = runner.backend.dense_attention
+    step = build_step_tensors(plan, PAGE, runner.device, dense_attention=dense)
     extra = context - step.max_seq_len
     extra_pages = -(-context // PAGE) - step.block_tables.shape[1]
+    if step.dense is not None:
+        wide = replace(
+            step.dense,
+            kv_gather=F.pad(step.kv_gather, (0, extra), value=0),
+            attn_mask=F.pad(step.attn_mask, (0, extra), value=False),
+        )
+        step = replace(step, dense=wide)
     return replace(
         step,
         max_seq_len=context,
-        kv_gather=F.pad(step.kv_gather, (0, extra), value=0),
-        attn_mask=F.pad(step.attn_mask, (0, extra), value=False),
         block_tables=F.pad(step.block_tables, (0, extra_pages), value=0),
     )
 
@@ -172,7 +179,9 @@ def garbage_fill(g: GraphRunner, seed: int = 0) -> None:
     gen = torch.Generator().manual_seed(seed)
     b = g.buffers
     for t in (b.primary, b.primary_host, b.kv_gather, b.slot_mapping, b.block_tables):
-        t.copy_(torch.randint(0, 3, t.shape, generator=gen))
+        if t is not None:  # no kv_gather / attn_mask on the paged (Triton) path
+            t.copy_(torch.randint(0, 3, t.shape, generator=gen))
     for t in (b.attn_mask, b.has_initial_state, b.has_initial_state_host):
-        t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
+        if t is not None:
+            t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
     b.query_start_loc.copy_(torch.randint(0, 3, b.query_start_loc.shape, generator=gen))

@@ -33,7 +33,7 @@ from shortconv.kernels.attention_triton import (  # noqa: E402
 )
 from shortconv.plan import SeqChunk, StepPlan  # noqa: E402
 from shortconv.static_buffers import DecodeShape, StaticDecodeBuffers  # noqa: E402
-from shortconv.step_tensors import build_step_tensors  # noqa: E402
+from shortconv.step_tensors import MissingDenseIndices, build_step_tensors  # noqa: E402
 
 NUM_PAGES = 64
 _SDPA = F.scaled_dot_product_attention  # the torch reference's, restored around it
@@ -126,7 +126,16 @@ def test_decode_matches_ref(
     want = paged_attention_decode_ref(q, k_cache, v_cache, tables, seq_lens, scale, page)
     out = nan_like(q)
     got = paged_attention_decode_triton(
-        q, k_cache, v_cache, tables, seq_lens, scale, page, out=out, num_splits=num_splits
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        seq_lens,
+        scale,
+        page,
+        out=out,
+        num_splits=num_splits,
+        min_split_len=attention_triton._DECODE_BLOCK_N,  # block-sized splits: boundaries at 64
     )
     assert got is out and not out.isnan().any()
     torch.testing.assert_close(out, want, **TOL[dtype])
@@ -151,6 +160,38 @@ def test_decode_auto_splits_over_long_contexts(device: str, page: int) -> None:
             q, k_cache, v_cache, tables, seq_lens, 0.1, page, out=nan_like(q)
         )
         torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+def test_decode_splits_follow_each_rows_length(device: str) -> None:
+    """A row's splits divide its own context, not the table: the same rows in a table 8x
+    wider (one max_model_len graph bucket instead of a bucket of their size) give bit-identical
+    outputs at the same split count. Splitting by table width would put all of a short row in
+    split 0 (other boundaries, other rounding) and leave the other splits idle."""
+    page, head_dim, splits = 16, 64, 4
+    lens = [1, 63, 65, 129, 256]
+    k_cache, v_cache = make_pool(head_dim, page, torch.float32, device, seed=3)
+    narrow = shuffled_tables(lens, page, 16, torch.int32, device, seed=8)
+    wide = torch.cat([narrow, narrow.new_zeros(len(lens), 7 * 16)], dim=1)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = torch.randn(len(lens), 2 * NUM_KV, head_dim).to(device)
+    outs = [
+        paged_attention_decode_triton(
+            q,
+            k_cache,
+            v_cache,
+            tables,
+            seq_lens,
+            0.1,
+            page,
+            out=nan_like(q),
+            num_splits=splits,
+            min_split_len=attention_triton._DECODE_BLOCK_N,
+        )
+        for tables in (narrow, wide)
+    ]
+    assert torch.equal(outs[0], outs[1])
+    want = paged_attention_decode_ref(q, k_cache, v_cache, narrow, seq_lens, 0.1, page)
+    torch.testing.assert_close(outs[1], want, **TOL[torch.float32])
 
 
 # Extend rows (start position, new tokens): a fresh prefill crossing pages and query blocks,
@@ -233,7 +274,16 @@ def test_padded_rows_touch_only_the_scratch_page(device: str, dtype: torch.dtype
         k, v = k_cache.clone(), v_cache.clone()
         write_kv(new_k[:b].to(device), new_v[:b].to(device), k, v, rows)
         out = paged_attention_decode_triton(
-            q[:b], k, v, tables, seq_lens, 0.125, page, out=nan_like(q[:b]), num_splits=2
+            q[:b],
+            k,
+            v,
+            tables,
+            seq_lens,
+            0.125,
+            page,
+            out=nan_like(q[:b]),
+            num_splits=2,
+            min_split_len=attention_triton._DECODE_BLOCK_N,
         )
         assert not out.isnan().any()
         written = torch.zeros(k.shape[0], dtype=torch.bool, device=device)
@@ -307,7 +357,7 @@ def test_dispatch_runs_the_kernels_from_step_tensors(
 ) -> None:
     page, head_dim = 4, 80
     plan = _plan(rows, page, seed=len(rows))
-    step = build_step_tensors(plan, page, torch.device(device))
+    step = build_step_tensors(plan, page, torch.device(device), dense_attention=True)
     assert step.block_tables.dtype == torch.int32 and step.page_size == page
     assert step.block_tables.shape == (len(rows), -(-step.max_seq_len // page))
     k_cache, v_cache = make_pool(head_dim, page, torch.float32, device, seed=4)
@@ -326,12 +376,14 @@ def test_static_buffers_feed_the_decode_kernel(device: str, counted: dict[str, i
     eager step padded with scratch rows, and the same outputs for the live rows."""
     page, head_dim, shape = 4, 64, DecodeShape(batch=4, context=32)
     plan = _plan([(8, 1), (20, 1), (3, 1)], page, seed=9)
-    bufs = StaticDecodeBuffers(8, 64, page, torch.device(device))
+    bufs = StaticDecodeBuffers(8, 64, page, torch.device(device), dense_attention=False)
     bufs.refresh(plan, shape)
     bufs.derive(shape)
     static = bufs.step(shape)
     pad = SeqChunk("pad", (0,), 0, 0, (0,), None)  # position 0 on page 0, like a bucket's pad
-    eager = build_step_tensors(StepPlan(1, plan.seqs + (pad,)), page, torch.device(device))
+    padded = StepPlan(1, plan.seqs + (pad,))
+    eager = build_step_tensors(padded, page, torch.device(device), dense_attention=False)
+    assert static.dense is None and eager.dense is None  # the paged kernels need no [B, L]
     width = -(-shape.context // page)
     extra = width - eager.block_tables.shape[1]
     eager = replace(eager, block_tables=F.pad(eager.block_tables, (0, extra), value=0))
@@ -342,3 +394,45 @@ def test_static_buffers_feed_the_decode_kernel(device: str, counted: dict[str, i
     a = paged_attention(q, k_cache, v_cache, static, 0.1)
     b = paged_attention(q, k_cache, v_cache, eager, 0.1)
     assert counted["decode"] == 2 and torch.equal(a, b)
+
+
+def test_refresh_writes_only_the_pages_the_plan_covers(device: str) -> None:
+    """In a bucket as wide as max_model_len, refresh zeroes and copies B x w table entries (w:
+    the pages of the plan's longest context), not B x ceil(L / page); derive still gives the
+    kernels the full-width table an eager step padded with scratch rows would have."""
+    page, shape = 4, DecodeShape(batch=4, context=1024)
+    plan = _plan([(8, 1), (20, 1), (3, 1)], page, seed=5)
+    bufs = StaticDecodeBuffers(4, 1024, page, torch.device(device), dense_attention=False)
+    for t in (bufs.primary_host, bufs.primary):
+        t.fill_(-7)  # a sentinel refresh must leave alone past the plan's pages
+    bufs.refresh(plan, shape)
+    bufs.derive(shape)
+    width = -(-21 // page)  # the longest context: 20 + 1 positions
+    used = len(bufs.row_fields) * shape.batch + 1 + shape.batch * width
+    for t in (bufs.primary_host, bufs.primary):
+        assert bool((t[used:] == -7).all()) and not bool((t[:used] == -7).any())
+    pad = SeqChunk("pad", (0,), 0, 0, (0,), None)
+    padded = StepPlan(1, plan.seqs + (pad,))
+    eager = build_step_tensors(padded, page, torch.device(device), dense_attention=False)
+    wide = F.pad(eager.block_tables, (0, 1024 // page - eager.block_tables.shape[1]), value=0)
+    static = bufs.step(shape)
+    assert torch.equal(static.block_tables, wide)
+    assert torch.equal(static.slot_mapping, eager.slot_mapping)
+
+
+def test_torch_path_refuses_a_step_built_for_the_paged_kernels(device: str) -> None:
+    """A step built without the dense indices never reaches the torch attention path as a
+    missing tensor: it fails by name (the backend decides the layout once; this is the guard
+    for a SHORTCONV_KERNELS flip after that)."""
+    page = 4
+    plan = _plan([(5, 1), (0, 3)], page, seed=1)
+    step = build_step_tensors(plan, page, torch.device(device), dense_attention=False)
+    assert step.dense is None
+    k_cache, v_cache = make_pool(16, page, torch.float32, device, seed=1)
+    q = torch.randn(step.num_tokens, 2 * NUM_KV, 16).to(device)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SHORTCONV_KERNELS", "torch")
+        with pytest.raises(MissingDenseIndices, match="dense_attention=True"):
+            paged_attention(q, k_cache, v_cache, step, 0.1)
+        with pytest.raises(MissingDenseIndices):
+            _ = step.kv_gather

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 import pytest
@@ -87,23 +87,31 @@ def test_fp32_rms_norm_is_bit_equal_to_the_reference_order(dim: int) -> None:
         assert torch.equal(norm(xb), norm.reference(xb))
 
 
+def _assert_same_fields(fast: object, slow: object) -> None:
+    for f in fields(fast):
+        a, b = getattr(fast, f.name), getattr(slow, f.name)
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+        elif is_dataclass(a):
+            _assert_same_fields(a, b)
+        else:
+            assert a == b, f.name
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "paged"])
 @pytest.mark.parametrize("batch", [1, 5])
-def test_decode_step_tensors_equal_the_general_path(batch: int) -> None:
-    """With and without kept constants, and on a scratch that served other batch sizes first."""
-    scratch = StepScratch()
+def test_decode_step_tensors_equal_the_general_path(batch: int, dense: bool) -> None:
+    """With and without kept constants, and on a scratch that served other batch sizes first;
+    in both layouts (the paged one has no dense indices on either path)."""
+    scratch, cpu = StepScratch(), torch.device("cpu")
     for b in (batch + 2, batch, 1):
-        _decode_step_tensors(plan_of([5] * b, [1] * b).seqs, PAGE, torch.device("cpu"), scratch)
+        _decode_step_tensors(plan_of([5] * b, [1] * b).seqs, PAGE, cpu, scratch, dense)
     plan = plan_of([3 + 7 * i for i in range(batch)], [1] * batch, seed=batch)
     assert plan.is_decode
-    slow = _general_step_tensors(plan.seqs, PAGE, torch.device("cpu"))
+    slow = _general_step_tensors(plan.seqs, PAGE, cpu, dense)
+    assert (slow.dense is not None) == dense
     for keep in (None, scratch):
-        fast = _decode_step_tensors(plan.seqs, PAGE, torch.device("cpu"), keep)
-        for f in fields(fast):
-            a, b = getattr(fast, f.name), getattr(slow, f.name)
-            if isinstance(a, torch.Tensor):
-                assert a.dtype == b.dtype and torch.equal(a, b), f.name
-            else:
-                assert a == b, f.name
+        _assert_same_fields(_decode_step_tensors(plan.seqs, PAGE, cpu, keep, dense), slow)
 
 
 @pytest.mark.parametrize("chunk_bytes", [None, 1, 20_000])  # default; 1 and ~2 sequences a chunk
@@ -120,7 +128,7 @@ def test_cpu_attention_path_matches_the_reference(
         if kind == "decode"
         else plan_of([0, 9, 4, 0], [6, 3, 1, 11])
     )
-    step = build_step_tensors(plan, PAGE, torch.device("cpu"))
+    step = build_step_tensors(plan, PAGE, torch.device("cpu"), dense_attention=True)
     k_cache = torch.randn(200 * PAGE, hk, d, generator=g)
     v_cache = torch.randn(200 * PAGE, hk, d, generator=g)
     q = torch.randn(step.num_tokens, hq, d, generator=g)

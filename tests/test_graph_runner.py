@@ -41,6 +41,7 @@ from graph_helpers import (
     zaya_skip_reason,
 )
 
+from shortconv.backend import ShortConvBackend
 from shortconv.config import ConfigError
 from shortconv.graph_runner import batch_buckets, context_buckets
 from shortconv.tools.make_tiny import make_tiny_checkpoint
@@ -71,7 +72,11 @@ def prefilled(request, tmp_path_factory):
 
 
 def _use_kernels(kernels: str, runner, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run the test on `kernels`: "torch" (the default CPU paths) or "triton" (interpreted)."""
+    """Run the test on `kernels`: "torch" (the default CPU paths) or "triton" (interpreted).
+
+    For "triton" the runner gets a backend built under SHORTCONV_KERNELS=triton (as a runner
+    built there would have: steps and static buffers without the dense gather and mask); the
+    pool is the same, and monkeypatch restores the module fixture's backend afterwards."""
     if kernels == "torch":
         return
     if importlib.util.find_spec("triton") is None:
@@ -80,6 +85,9 @@ def _use_kernels(kernels: str, runner, monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("LFM2-MoE's attention is LFM2's (checked there); time kept for the others")
     monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    old = runner.backend
+    monkeypatch.setattr(runner, "backend", ShortConvBackend(old.pool, old.device, old.extra_state))
+    assert not runner.backend.dense_attention
 
     def no_sdpa(*args: object, **kwargs: object) -> None:
         raise AssertionError("torch SDPA called under SHORTCONV_KERNELS=triton")
@@ -234,5 +242,45 @@ def test_capture_logs_progress(prefilled, caplog):
         g = graph_runner(runner, (1, 4))
     n = len(g.shapes())
     assert n == 2 * len(CONTEXTS) and g.stats().num_graphs == n
+    assert f"capturing {n} decode graphs: batch sizes [1, 4] x context sizes" in caplog.text
     assert f"decode graph 1/{n} (batch 4, context 64)" in caplog.text
+    assert f"decode graph {n}/{n} (batch 1, context 16)" in caplog.text
+    assert caplog.text.count(", elapsed ") == n
     assert f"{n} decode graphs ready" in caplog.text
+
+
+def test_triton_steps_carry_no_dense_indices(prefilled, monkeypatch):
+    """On the Triton backend neither an eager step (decode or prefill) nor a graph bucket's
+    static step has the torch path's kv_gather / attn_mask; on the torch backend both do."""
+    runner, seqs, _ = prefilled
+    decode, prefill = seqs.decode([4, 0, 7]), Seqs([[1, 2, 3], [4] * 9]).prefill()
+    for kernels in ("torch", "triton"):
+        _use_kernels(kernels, runner, monkeypatch)
+        dense = kernels == "torch"
+        assert runner.backend.dense_attention == dense
+        for plan in (decode, prefill):
+            step = runner.backend.begin_step(plan)
+            assert (step.dense is not None) == dense, (kernels, plan.is_decode)
+        g = graph_runner(runner, (2,))
+        assert (g.buffers.kv_gather is not None) == dense
+        assert (g.buffers.attn_mask is not None) == dense
+        assert all((g.buffers.step(s).dense is not None) == dense for s in g.shapes())
+
+
+def test_triton_captures_one_context_bucket_per_batch_bucket(prefilled, monkeypatch, caplog):
+    """The paged kernels mask by seq_lens, so the Triton backend captures one context bucket,
+    the engine's max_model_len, per batch bucket (not the graph_context_sizes ladder), and a
+    context past the ladder's last bucket still finds a graph."""
+    runner, _, _ = prefilled
+    _use_kernels("triton", runner, monkeypatch)
+    max_len = runner.cfg.max_model_len
+    assert max_len > CONTEXTS[-1]
+    with caplog.at_level(logging.INFO, logger="shortconv.graph_runner"):
+        g = graph_runner(runner, (1, 2, 4, 8))
+    assert g.context_sizes == (max_len,)
+    assert [(s.batch, s.context) for s in g.shapes()] == [(b, max_len) for b in (8, 4, 2, 1)]
+    assert g.stats().num_graphs == 4
+    assert "(paged Triton attention)" in caplog.text
+    assert "decode graph 4/4 (batch 1, context" in caplog.text
+    long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)])
+    assert g.shape_for(long_seqs.decode([0])) == g.shapes()[-1]

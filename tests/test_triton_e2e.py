@@ -5,7 +5,8 @@ short-conv, CCA and paged-attention kernels: a batch under chunked prefill (deco
 with prefill chunks), requests joining mid-run, and a resumed session. While our engine runs,
 torch's SDPA is never called; the Triton attention kernels are (counted), so the interpreter
 really tests what a GPU runs. The MoE models route every expert through
-the fused-MoE kernel and none through a torch path.
+the fused-MoE kernel and none through a torch path, and no step builds the torch attention
+path's dense gather or mask.
 
 The oracle is the in-memory transformers model (a ZAYA reload would reset its skip bias, see
 shortconv/tools/make_tiny.py) and runs BEFORE the counters are installed: it uses SDPA itself.
@@ -84,8 +85,9 @@ def _forbidden(name: str) -> Callable[..., Any]:
 
 @pytest.fixture
 def triton_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Force the Triton kernels (interpreted), count them, and forbid SDPA and the torch
-    expert paths."""
+    """Force the Triton kernels (interpreted), count them, and forbid SDPA, the torch
+    expert paths and the torch attention path's dense step indices (gather and mask)."""
+    from shortconv import step_tensors
     from shortconv.kernels import attention_triton, moe_triton
     from shortconv.layers.experts import FusedExperts
 
@@ -99,6 +101,8 @@ def triton_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     ]
     for name in ("_expert", "_padded", "_forward_dense"):  # the torch expert paths
         monkeypatch.setattr(FusedExperts, name, _forbidden(f"FusedExperts.{name}"))
+    for name in ("_dense_general", "_dense_decode"):  # the [B, L] gather, [B, Q, L] mask
+        monkeypatch.setattr(step_tensors, name, _forbidden(f"step_tensors.{name}"))
     for mod, name in counted:
         monkeypatch.setattr(mod, name, _counting(calls, name, getattr(mod, name)))
     monkeypatch.setattr(F, "scaled_dot_product_attention", _forbidden("torch SDPA"))

@@ -4,6 +4,10 @@ extend (varlen causal chunks, resumed prefixes, mixed decode rows).
 Same contracts as `attention_ref.paged_attention_decode_ref` / `paged_attention_extend_ref`.
 No host syncs and no data-dependent shapes: the grids and the number of decode splits come from
 static shapes (B, Hk, block-table width, `max_query_len`), so both run inside captured graphs.
+The work is bounded by each row's `seq_lens`, not the table width: a decode row divides its own
+context among the splits (each at least `_MIN_SPLIT_LEN` positions), splits past its end exit at
+once, so a short context in a wide (max_model_len) graph bucket costs about what it would in a
+bucket of its own size, plus one empty partial per idle split.
 Kernel bodies live in `attention_triton_kernels` and are jitted lazily once per interpreter mode,
 like `conv1d_triton`, so tests can flip TRITON_INTERPRET per test.
 """
@@ -93,6 +97,7 @@ def paged_attention_decode_triton(
     *,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    min_split_len: int = _MIN_SPLIT_LEN,
 ) -> torch.Tensor:
     """One query per sequence at position seq_lens-1, over its paged context.
 
@@ -100,7 +105,9 @@ def paged_attention_decode_triton(
     block_tables int32/int64 [B, P]; seq_lens int [B] (>= 1, <= P*page_size, including the
     new token, whose K/V are already in the pool) -> out [B, Hq, d] in q's dtype (written into
     `out` when given). Hq % Hk == 0; fp32 accumulation. `num_splits` (default: from B, Hk and
-    P*page_size) splits each context across programs, combined by a reduce kernel.
+    P*page_size) programs share each row's context, combined by a reduce kernel; each row's
+    split covers ceil(seq_len / num_splits) positions, at least `min_split_len`, rounded up to
+    whole blocks, so a row uses only the splits its own length needs.
     """
     group, head_dim = _check(q, k_cache, v_cache)
     out = _out(q, out)
@@ -110,8 +117,9 @@ def paged_attention_decode_triton(
     num_kv, max_ctx = k_cache.shape[1], block_tables.shape[1] * page_size
     if num_splits is None:
         num_splits = decode_splits(batch, num_kv, max_ctx, q.device)
+    # Drop splits that rounding leaves empty even for a row that fills the table.
     split_len = triton.cdiv(triton.cdiv(max_ctx, num_splits), _DECODE_BLOCK_N) * _DECODE_BLOCK_N
-    num_splits = triton.cdiv(max_ctx, split_len)  # drop splits that rounding left empty
+    num_splits = triton.cdiv(max_ctx, split_len)
     block_d = max(16, triton.next_power_of_2(head_dim))
     decode, reduce, _ = _jitted(_interpreting())
     direct = num_splits == 1
@@ -132,7 +140,7 @@ def paged_attention_decode_triton(
         scale * _LOG2E,
         group,
         head_dim,
-        split_len,
+        min_split_len,
         num_splits,
         num_heads,
         q.stride(0),

@@ -43,7 +43,7 @@ def decode_kernel(
     qk_scale,
     group,
     head_dim,
-    split_len,
+    min_split_len,
     num_splits,
     num_heads,
     q_sb,
@@ -63,7 +63,12 @@ def decode_kernel(
     UPCAST: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    # One program: sequence b, KV head kvh, context split [split*split_len, +split_len).
+    # One program: sequence b, KV head kvh, context split [split*split_len, +split_len) of
+    # THIS row's context. Why per row: the grid's split count comes from the table width (a
+    # static shape), and one wide bucket serves every context; splitting the table would put a
+    # short row's whole context in split 0 (serial) and leave the others idle. split_len is the
+    # row's share, at least min_split_len, in whole BLOCK_N blocks; splits past the row's end
+    # run no loop and leave empty partials.
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -76,6 +81,8 @@ def decode_kernel(
     q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + d[None, :], mask=qm, other=0.0)
     q = q.to(tl.float32) if UPCAST else q.to(k_ptr.dtype.element_ty)
     seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    split_len = tl.maximum((seq_len + num_splits - 1) // num_splits, min_split_len)
+    split_len = (split_len + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_len)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)

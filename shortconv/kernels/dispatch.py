@@ -72,6 +72,18 @@ def _triton_or_none(device: torch.device, module: str) -> ModuleType | None:
         return None
 
 
+def needs_dense_attention(device: torch.device) -> bool:
+    """Whether `paged_attention` on `device` takes the torch path, which reads the step's
+    dense `kv_gather` / `attn_mask` (the paged Triton kernels read only `block_tables`).
+
+    The backend asks once, at construction, and builds every step (and the graph runner its
+    static buffers) to match; the same choice as `paged_attention`'s, so the two cannot differ
+    unless SHORTCONV_KERNELS changes afterwards, and then the torch path raises
+    `MissingDenseIndices` rather than run without its tensors.
+    """
+    return _triton_or_none(device, "attention_triton") is None
+
+
 def _pick(
     device: torch.device,
     name: str,
@@ -271,11 +283,13 @@ def paged_attention(
     Triton backend: the paged kernels read the pool in place through `step.block_tables`
     (decode kernel when every row has one query, the varlen extend kernel otherwise); no SDPA.
     Torch backend: on CPU with `scratch` (the backend's reused buffers) the gathered fast path
-    of `attention_cpu`, otherwise the padded SDPA reference.
+    of `attention_cpu`, otherwise the padded SDPA reference; both need `step.dense` (a step
+    built with dense_attention=True) and raise `MissingDenseIndices` without it.
     """
     mod = _triton_or_none(q.device, "attention_triton")
     if mod is not None:
         return _paged_attention_triton(mod, q, k_cache, v_cache, step, scale)
+    step.dense_indices()  # NOTE: a step built for the paged kernels fails here, by name
     if scratch is not None and q.device.type == "cpu" and k_cache.dtype == q.dtype:
         return paged_attention_cpu(q, k_cache, v_cache, step, scale, scratch)
     return paged_attention_ref(q, k_cache, v_cache, step, scale)

@@ -119,6 +119,9 @@ def _graphs(stack: RandomStack, batch_sizes: tuple[int, ...]) -> GraphRunner:
     g = GraphRunner(stack.model, stack.backend, eng, stack.cfg.max_model_len)
     g.capture()
     assert g.use_cuda_graphs == (stack.device.type == "cuda")
+    if not stack.backend.dense_attention:  # the Triton path (CUDA): one context bucket
+        assert g.context_sizes == (stack.cfg.max_model_len,), g.context_sizes
+        assert g.buffers.kv_gather is None and g.buffers.attn_mask is None
     return g
 
 

@@ -3,6 +3,7 @@
 The tokenizer info marks every special added token (reserved, control, tool markers) as
 special, so no grammar ever lets one into JSON: the detokenizer drops special tokens from the
 text, and a string that grew by one the client never sees could break `maxLength` or a pattern.
+Tokens holding a raw control character are refused the same way (see `build_tokenizer_info`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ def _xgrammar() -> Any:
     return xgrammar
 
 
+# Byte patterns xgrammar's strings admit that are not UTF-8 (surrogates ED A0.., code points
+# past U+10FFFF F4 90.., overlong E0 80.. / F0 80.., bytes never used: C0 C1 F5..FF): the text
+# would decode to U+FFFD and break `maxLength` or a pattern. A token ending in one of the lead
+# bytes could start such a pattern, so it goes too; those characters can still be written as
+# JSON \u escapes.
+_BAD_UTF8 = re.compile(
+    rb"[\xc0\xc1\xf5-\xff]|\xed[\xa0-\xbf]|\xf4[\x90-\xbf]|\xe0[\x80-\x9f]|\xf0[\x80-\x8f]"
+)
+_RISKY_END = (0xE0, 0xED, 0xF0, 0xF4)
+
+
+def _bad_utf8(raw: bytes) -> bool:
+    return bool(_BAD_UTF8.search(raw)) or (bool(raw) and raw[-1] in _RISKY_END)
+
+
 def build_tokenizer_info(hf_tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> Any:
     """xgrammar's view of the tokenizer, `vocab_size` wide (the model's, which may exceed the
     tokenizer's), with special added tokens blanked (blank = special to xgrammar)."""
@@ -44,6 +60,12 @@ def build_tokenizer_info(hf_tokenizer: Any, vocab_size: int, stop_ids: list[int]
             encoded[idx] = token
     for idx, added in hf_tokenizer.added_tokens_decoder.items():
         if added.special and idx < vocab_size:
+            encoded[idx] = ""
+    # xgrammar's JSON strings admit raw control characters, which JSON forbids (json.loads
+    # refuses them); every grammar here is compact JSON, which never needs one outside a
+    # string either, so tokens holding one are never allowed.
+    for idx, raw in enumerate(detected.decoded_vocab[:vocab_size]):
+        if encoded[idx] and (any(b < 0x20 for b in raw) or _bad_utf8(raw)):
             encoded[idx] = ""
     return xgr.TokenizerInfo(
         encoded,

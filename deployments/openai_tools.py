@@ -134,7 +134,9 @@ def plan_tools(
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name
         if name not in schemas:
-            raise APIError(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
+            raise APIError(
+                f"tool_choice names {name!r}, which is not in tools", param="tool_choice"
+            )
         grammar = GrammarSpec.json_schema(schemas[name])
         return ToolPlan("named", schemas, parser, grammar, named=name)
     if choice == "required":

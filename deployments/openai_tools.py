@@ -5,7 +5,8 @@ grammar a forced choice decodes under, and the model's output turned into OpenAI
 family parser (deployments/tool_parsers.py) extracts them. `required` and a named function are
 enforced by a grammar instead, so the arguments always match the tool's `parameters` schema:
 the model writes JSON — the arguments object itself for a named function, a list
-`[{"name": ..., "arguments": {...}}]` for `required` — and that JSON becomes `tool_calls`.
+`[{"name": ..., "arguments": {...}}]` of at most MAX_PARALLEL_CALLS for `required` — and that
+JSON becomes `tool_calls`.
 `none`: tools are shown to the model (as OpenAI does) and nothing is parsed.
 """
 
@@ -25,6 +26,9 @@ from shortconv.grammar import GrammarSpec
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+# The most calls one `required` turn may make (1 with parallel_tool_calls=false). A bound, so a
+# model that never closes the list (a random one) still ends in well-formed calls.
+MAX_PARALLEL_CALLS = 4
 
 
 class FunctionDef(BaseModel):
@@ -160,9 +164,8 @@ def _required_grammar(schemas: dict[str, dict[str, Any]], parallel: bool | None)
         }
         for name, params in schemas.items()
     ]
-    schema: dict[str, Any] = {"type": "array", "items": {"anyOf": one_of_each}, "minItems": 1}
-    if parallel is False:
-        schema["maxItems"] = 1
+    most = 1 if parallel is False else MAX_PARALLEL_CALLS
+    schema = {"type": "array", "items": {"anyOf": one_of_each}, "minItems": 1, "maxItems": most}
     return GrammarSpec.json_schema(schema)
 
 

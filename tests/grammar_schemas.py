@@ -63,7 +63,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             {"kind": {"const": "line"}, "a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}}
         ),
     },
-    "format-date": _obj({"day": {"type": "string", "format": "date"}}),
+    "format-uuid": _obj({"id": {"type": "string", "format": "uuid"}}),
 }
 
 # Refused with a 400 naming the keyword: the grammar would not enforce these.
@@ -72,6 +72,8 @@ UNSUPPORTED: dict[str, tuple[dict[str, Any], str]] = {
     "not": (_obj({"a": {"not": {"type": "string"}}}), "properties.a.not"),
     "uniqueItems": ({"type": "array", "uniqueItems": True}, "uniqueItems"),
     "patternProperties": ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties"),
+    # xgrammar's date grammar admits 2024-11-31
+    "format-date": ({"type": "string", "format": "date"}, "format"),
 }
 # Not JSON schemas at all.
 INVALID: dict[str, tuple[dict[str, Any], str]] = {

@@ -133,7 +133,6 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    response_format: ResponseFormat | None = None  # on completions too (as vLLM)
 
     @field_validator("n")
     @classmethod
@@ -181,12 +180,15 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
+    # The OpenAPI document's example (schema fuzzers send it first, so it must be answerable).
+    model_config = ConfigDict(**_STRICT, json_schema_extra={"examples": [{"prompt": "Hello"}]})
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    response_format: ResponseFormat | None = None  # an extension here (vLLM has it too)
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
@@ -249,6 +251,10 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingFields):
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra={"examples": [{"messages": [{"role": "user", "content": "Hello"}]}]},
+    )
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -258,6 +264,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True  # extension (vLLM)
+    response_format: ResponseFormat | None = None
 
     def check_unsupported(self) -> None:
         super().check_unsupported()

@@ -27,8 +27,8 @@ class SamplingRow:
     params: SamplingParams
     seed: int  # effective per-request seed, chosen by the engine
     step: int  # tokens this request has generated so far (0 for the first)
-    # Allowed next tokens (xgrammar's int32 bitmask, CPU) for a grammar-constrained request.
-    token_mask: torch.Tensor | None = field(default=None, compare=False)
+    # Allowed next tokens of a grammar-constrained request: xgrammar's int32 bitmask, as bytes.
+    token_mask: bytes | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

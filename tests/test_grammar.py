@@ -108,7 +108,7 @@ def test_the_mask_applies_to_its_rows_only() -> None:
     greedy = SamplingParams(temperature=0.0, logprobs=0)
     rows = [
         SamplingRow(greedy, 0, 0),
-        SamplingRow(greedy, 0, 0, token_mask=words),
+        SamplingRow(greedy, 0, 0, token_mask=words.numpy().tobytes()),
         SamplingRow(SamplingParams(temperature=1.0, seed=3), 3, 0),
     ]
     out = Sampler()(logits, rows)
@@ -117,7 +117,7 @@ def test_the_mask_applies_to_its_rows_only() -> None:
     assert out.logprobs[1] == pytest.approx(float(logits[1].log_softmax(-1)[out.token_ids[1]]))
     alone = Sampler()(logits[2:], rows[2:])
     assert out.token_ids[2] == alone.token_ids[0]  # an unmasked sampled row is untouched
-    masked = apply_token_masks(logits, [None, words, None])
+    masked = apply_token_masks(logits, [None, words.numpy().tobytes(), None])
     assert torch.isinf(masked[1]).sum() == vocab - 3 and torch.equal(masked[0], logits[0])
 
 

@@ -1,20 +1,22 @@
 """One grammar matcher per constrained request, on the engine's (host) side of the plan.
 
 Each step the engine asks `attach` to put the next allowed-token bitmask on every sampling row
-of a constrained request (the plan crosses to TP rank 0, so each row gets its own small CPU
-tensor); after sampling, `accept` advances that request's matcher by the token it got. A
-matcher follows the request's output tokens only, so preemption and recompute need nothing.
+of a constrained request (the plan crosses to TP rank 0, so each row carries its own bytes);
+after sampling, `accept` advances that request's matcher by the token it got. A matcher follows
+the request's output tokens only, so preemption and recompute need nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Container
-from typing import Any
+from typing import Any, TypeVar
 
 from shortconv.grammar.compiler import GrammarCache
 from shortconv.grammar.spec import GrammarError, GrammarSpec
 from shortconv.plan import SeqChunk, StepPlan
+
+_T = TypeVar("_T")
 
 
 class GrammarRuntime:
@@ -53,14 +55,18 @@ class GrammarRuntime:
         masks = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
         for i, chunk in enumerate(rows):
             self._matcher(chunk).fill_next_token_bitmask(masks, i)
+        alive = masks.any(dim=1).tolist()
+        words = masks.numpy()
         dead: dict[str, str] = {}
         new: dict[str, SeqChunk] = {}
         for i, chunk in enumerate(rows):
-            if not bool(masks[i].any()):
+            if not alive[i]:
                 dead[chunk.request_id] = "the output grammar allows no next token"
                 continue
-            row = dataclasses.replace(chunk.sampling, token_mask=masks[i].clone())  # type: ignore[type-var]
-            new[chunk.request_id] = dataclasses.replace(chunk, sampling=row)
+            # NOTE: bytes, not a view of `masks`: a pickled view would carry the whole batch's
+            # storage in every row when the plan crosses to a TP rank.
+            row = _with(chunk.sampling, token_mask=words[i].tobytes())
+            new[chunk.request_id] = _with(chunk, sampling=row)
         seqs = tuple(new.get(c.request_id, c) for c in plan.seqs if c.request_id not in dead)
         gone = {c.slot for c in plan.seqs if c.request_id in dead}
         copies = tuple(p for p in plan.copies_after if p[0] not in gone)
@@ -98,3 +104,12 @@ class GrammarRuntime:
         """Matchers of requests that ended without a last `accept` (aborted, failed, length)."""
         for rid in [r for r in self._matchers if r not in live]:
             del self._matchers[rid]
+
+
+def _with(obj: _T, **changes: Any) -> _T:
+    """`dataclasses.replace` for the plan's frozen dataclasses (no slots, no __post_init__) at a
+    fraction of its cost: replace re-inspects the fields on every call, and this runs twice per
+    constrained row per step, a measurable share of the grammar's step cost."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new

@@ -1,7 +1,8 @@
 """Applying allowed-token bitmasks to logits (torch only: runs on any device, no xgrammar).
 
-A mask is xgrammar's layout: int32 words, bit `t % 32` of word `t // 32` set when token t is
-allowed. Rows without a mask are left as they are, so one batch mixes grammars and no grammar.
+A mask is xgrammar's layout: int32 words (native byte order, as bytes), bit `t % 32` of word
+`t // 32` set when token t is allowed. Rows without a mask are left as they are, so one batch
+mixes grammars and no grammar.
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ def unpack_bitmask(words: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.cat([allowed, pad], dim=1)
 
 
-def apply_token_masks(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
+def apply_token_masks(logits: torch.Tensor, masks: Sequence[bytes | None]) -> torch.Tensor:
     """`logits` [B, V] with refused tokens at -inf in the rows that carry a mask. Returns the
     input itself when no row has one (the common, unconstrained case costs nothing), else a
-    copy: the raw logits stay available for logprobs."""
-    rows = [i for i, m in enumerate(masks) if m is not None]
-    if not rows:
+    new tensor: the raw logits stay available for logprobs."""
+    width = next((len(m) for m in masks if m is not None), None)
+    if width is None:
         return logits
-    words = torch.stack([masks[i] for i in rows]).to(device=logits.device)  # type: ignore[misc]
+    # NOTE: a row without a mask gets an all-ones one, so the whole batch is masked in a few
+    # full-batch ops (indexing rows out and back costs far more on CPU than masking them all).
+    everything = b"\xff" * width
+    flat = bytearray(b"".join(everything if m is None else m for m in masks))
+    words = torch.frombuffer(flat, dtype=torch.int32).view(len(masks), -1).to(logits.device)
     allowed = unpack_bitmask(words, logits.shape[-1])
-    idx = torch.tensor(rows, device=logits.device)
-    out = logits.clone()
-    out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
-    return out
+    return torch.where(allowed, logits, float("-inf"))

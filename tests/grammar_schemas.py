@@ -64,6 +64,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         ),
     },
     "format-uuid": _obj({"id": {"type": "string", "format": "uuid"}}),
+    "prefix-items-closed": {
+        "type": "array",
+        "prefixItems": [{"type": "boolean"}, _INT, {"type": ["string", "null"], "maxLength": 3}],
+        "items": False,
+    },
+    "number-bounds": _obj({"p": {"type": "number", "minimum": -1.5, "maximum": 2.25}}),
 }
 
 # Refused with a 400 naming the keyword: the grammar would not enforce these.

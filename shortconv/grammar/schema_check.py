@@ -85,7 +85,7 @@ def _check_value(key: str, value: Any, where: str) -> tuple[str, str] | None:
     if key == "enum" and (not isinstance(value, list) or not value):
         return (where, "enum must be a non-empty array")
     if key in _ONE:
-        if isinstance(value, bool) and key == "additionalProperties":
+        if isinstance(value, bool):  # additionalProperties / items: false (or true)
             return None
         return find_unsupported(value, where)
     if key in _MAP:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -225,3 +226,29 @@ def test_invalid_schemas_listed_are_really_invalid() -> None:
     for schema, _ in INVALID.values():
         with pytest.raises(jsonschema.SchemaError):
             jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_the_plan_with_its_masks_pickles_small(llm: LLM) -> None:
+    """The plan crosses Ray to the TP ranks: each constrained row carries its own mask bytes
+    (ceil(V/32) int32 words), not a view of the whole batch's bitmask."""
+    eng = llm.engine
+    spec = GrammarSpec.json_schema(SCHEMAS["enum"])
+    rids = [
+        eng.add_request([5, 6, 7], SamplingParams(max_tokens=4, grammar=spec)) for _ in range(8)
+    ]
+    free = eng.add_request([5, 6], SamplingParams(max_tokens=4))
+    try:
+        plan = eng.scheduler.schedule()
+        assert plan is not None
+        bare = len(pickle.dumps(plan))
+        plan, dead = eng.grammars.attach(plan, eng.scheduler.requests)
+        back = pickle.loads(pickle.dumps(plan))
+        width = 4 * -(-eng.model_cfg.vocab_size // 32)
+        rows = {c.request_id: c.sampling for c in back.seqs}
+        assert not dead and all(len(rows[r].token_mask) == width for r in rids)
+        assert rows[free].token_mask is None
+        # Each mask once (a view of the batch's bitmask would carry all 8 in every row).
+        assert len(pickle.dumps(plan)) - bare < 2 * 8 * width
+    finally:
+        for rid in [*rids, free]:
+            eng.abort_request(rid)

@@ -123,8 +123,9 @@ class Formatter:
             choice["message"] = {"role": "assistant", "content": acc.text}
             tools = self._tool_output()
             if tools is not None:
-                tools.push(acc.text)
-                content, calls = tools.finish(acc.finish_reason)
+                head = tools.push(acc.text)
+                rest, calls = tools.finish(acc.finish_reason)
+                content = head + rest
                 if calls:
                     choice["message"] = {
                         "role": "assistant",

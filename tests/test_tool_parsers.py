@@ -212,3 +212,31 @@ def test_duplicate_names_and_auto_without_a_format_are_refused() -> None:
         plan_tools(_tools(None), "auto", None, None)
     assert err.value.param == "tool_choice"
     assert plan_tools(_tools(None), "required", None, None) is not None  # a grammar needs none
+
+
+def _formatter(plan: object, drop: object = None) -> object:
+    from deployments.openai_format import Formatter
+
+    return Formatter(True, "chatcmpl-t", "m", str, False, tools=plan, drop_specials=drop)  # type: ignore[arg-type]
+
+
+def _acc(text: str, reason: str) -> object:
+    from deployments.openai_format import Accumulator
+
+    return Accumulator(text=text, finish_reason=reason)
+
+
+def test_whole_answers_split_content_and_calls() -> None:
+    drop = special_pattern(["<|im_end|>", S, E], keep=(S, E))
+    fmt = _formatter(_plan(), drop)
+    body = fmt.whole(_acc(f'Checking. {S}[f(a="x")]{E} Done.<|im_end|>', "stop"))  # type: ignore[attr-defined]
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Checking.  Done."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "f", "arguments": '{"a": "x"}'}
+    plain = fmt.whole(_acc("just text, no call<|im_end|>", "stop"))  # type: ignore[attr-defined]
+    assert plain["choices"][0]["message"] == {"role": "assistant", "content": "just text, no call"}
+    assert plain["choices"][0]["finish_reason"] == "stop"
+    unknown = fmt.whole(_acc(f"{S}[g()]{E}", "stop"))  # type: ignore[attr-defined]
+    assert "tool_calls" not in unknown["choices"][0]["message"]  # not one of the tools

@@ -252,3 +252,17 @@ def test_the_plan_with_its_masks_pickles_small(llm: LLM) -> None:
     finally:
         for rid in [*rids, free]:
             eng.abort_request(rid)
+
+
+def test_a_model_vocab_wider_than_the_tokenizer_never_allows_the_extra_ids(llm: LLM) -> None:
+    from shortconv.grammar.compiler import GrammarCache
+
+    tok_size = len(llm.tokenizer.hf)
+    cache = GrammarCache(llm.tokenizer.hf, tok_size + 70, [2])
+    matcher = xgr.GrammarMatcher(cache.get(GrammarSpec.json_schema(SCHEMAS["string-lengths"])))
+    mask = xgr.allocate_token_bitmask(1, tok_size + 70)
+    for _ in range(3):  # inside the string, where almost every token is allowed
+        matcher.fill_next_token_bitmask(mask)
+        allowed = unpack_bitmask(mask, tok_size + 70)[0]
+        assert allowed[:tok_size].any() and not allowed[tok_size:].any()
+        assert matcher.accept_token(int(allowed.nonzero()[-1]))

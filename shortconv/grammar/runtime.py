@@ -23,16 +23,15 @@ class GrammarRuntime:
     """Matchers by request id; xgrammar is touched only once a request brings a grammar."""
 
     def __init__(self, hf_tokenizer: Any | None, vocab_size: int, stop_ids: list[int]) -> None:
-        self._hf, self.vocab_size, self._stop_ids = hf_tokenizer, vocab_size, stop_ids
-        self._cache: GrammarCache | None = None
+        self.vocab_size = vocab_size
+        # NOTE: built now (it imports nothing): validation reaches it from another thread.
+        self._cache = GrammarCache(hf_tokenizer, vocab_size, stop_ids) if hf_tokenizer else None
         self._matchers: dict[str, Any] = {}
 
     @property
     def cache(self) -> GrammarCache:
-        if self._hf is None:
-            raise GrammarError("structured output needs a tokenizer; this checkpoint has none")
         if self._cache is None:
-            self._cache = GrammarCache(self._hf, self.vocab_size, self._stop_ids)
+            raise GrammarError("structured output needs a tokenizer; this checkpoint has none")
         return self._cache
 
     @property

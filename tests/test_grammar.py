@@ -190,7 +190,10 @@ def test_a_grammar_that_cannot_go_on_fails_its_request_alone(
     assert bad.finish_reason == "error" and "grammar" in (bad.error or "")
     assert ok.finish_reason == "length" and len(ok.token_ids) == 6
     stats = llm.engine.stats()
-    assert (stats.slots_used, stats.kv_pages_used) == (0, 0)
+    # NOTE: a prefix cache (when the engine has one) keeps what finished requests leave; all
+    # the rest must be free.
+    cached = getattr(stats, "prefix_cache_checkpoints", 0), getattr(stats, "prefix_cache_pages", 0)
+    assert (stats.slots_used - cached[0], stats.kv_pages_used - cached[1]) == (0, 0)
     assert llm.engine.grammars.num_active == 0
 
 

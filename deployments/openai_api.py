@@ -32,10 +32,10 @@ from deployments.openai_protocol import (
     from_validation_error,
     parse_json_object,
 )
-from deployments.openai_tools import ToolPlan, plan_tools
+from deployments.openai_tools import ToolPlan, chat_grammar, plan_tools
 from deployments.tool_parsers import parser_for_template
 from deployments.tool_stream import special_pattern
-from shortconv.grammar import GrammarError, GrammarSpec
+from shortconv.grammar import GrammarError
 from shortconv.sampling_params import SamplingParams
 
 # Ray Serve routes on this header (RAY_SERVE_SESSION_ID_HEADER_KEY, default x-session-id) and
@@ -183,7 +183,7 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
         if tokenizer is None:
             raise APIError("this model has no tokenizer, so no chat template", param="messages")
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, tool_parser)
-        grammar, grammar_param = _chat_grammar(req, tools)
+        grammar, grammar_param = chat_grammar(req.response_format, tools)
         try:
             listed = req.template_tools()
             prompt = tokenizer.apply_chat_template(
@@ -224,19 +224,6 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
 
     _install_openapi(app, cfg.model_name)
     return app
-
-
-def _chat_grammar(
-    req: ChatCompletionRequest, tools: ToolPlan | None
-) -> tuple[GrammarSpec | None, str]:
-    """The grammar a chat request decodes under, and the field a compile error names."""
-    grammar = req.response_format.grammar() if req.response_format else None
-    if tools is None or not tools.forced:
-        return grammar, "response_format"
-    if grammar is not None:
-        msg = "response_format cannot be combined with tool_choice 'required' or a named function"
-        raise APIError(msg, param="response_format")
-    return tools.grammar, "tools"
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.openai_errors import APIError
-from deployments.openai_structured import NAME_PATTERN, check_json_schema
+from deployments.openai_structured import NAME_PATTERN, ResponseFormat, check_json_schema
 from deployments.tool_parsers import BaseToolParser, Parsed, ParsedCall
 from shortconv.grammar import GrammarSpec
 
@@ -152,6 +152,19 @@ def plan_tools(
             param="tool_choice",
         )
     return ToolPlan(choice, schemas, parser)
+
+
+def chat_grammar(
+    response_format: ResponseFormat | None, tools: ToolPlan | None
+) -> tuple[GrammarSpec | None, str]:
+    """The grammar a chat request decodes under, and the field a compile error names."""
+    grammar = response_format.grammar() if response_format is not None else None
+    if tools is None or not tools.forced:
+        return grammar, "response_format"
+    if grammar is not None:
+        msg = "response_format cannot be combined with tool_choice 'required' or a named function"
+        raise APIError(msg, param="response_format")
+    return tools.grammar, "tools"
 
 
 def _required_grammar(schemas: dict[str, dict[str, Any]], parallel: bool | None) -> GrammarSpec:

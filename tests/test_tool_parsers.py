@@ -240,3 +240,17 @@ def test_whole_answers_split_content_and_calls() -> None:
     assert plain["choices"][0]["finish_reason"] == "stop"
     unknown = fmt.whole(_acc(f"{S}[g()]{E}", "stop"))  # type: ignore[attr-defined]
     assert "tool_calls" not in unknown["choices"][0]["message"]  # not one of the tools
+
+
+def test_response_format_and_a_forced_tool_choice_do_not_mix() -> None:
+    from deployments.openai_structured import ResponseFormat
+    from deployments.openai_tools import chat_grammar
+
+    rf = ResponseFormat(type="json_object")
+    with pytest.raises(APIError) as err:
+        chat_grammar(rf, _plan("required"))  # type: ignore[arg-type]
+    assert err.value.param == "response_format"
+    grammar, param = chat_grammar(rf, _plan("auto"))  # type: ignore[arg-type]
+    assert grammar is not None and grammar.kind == "json_object" and param == "response_format"
+    forced, param = chat_grammar(None, _plan("required"))  # type: ignore[arg-type]
+    assert forced is not None and forced.kind == "json_schema" and param == "tools"

@@ -22,13 +22,16 @@ def tiny_checkpoint(arch: str, seed: int, root: Path | None = None) -> Path:
 
     NOTE: built in a private temp dir and renamed into place, so replicas starting together never
     see a half-written checkpoint; the loser of the rename race drops its copy and uses the
-    winner's. The name carries a hash of the generator's source, so a changed generator never
-    reuses a stale cache.
+    winner's. The name carries a hash of the generator's sources (its chat templates and tokenizer
+    included), so a changed generator never reuses a stale cache.
     """
-    from shortconv.tools import make_tiny
+    from shortconv import tokenizer
+    from shortconv.tools import make_tiny, tiny_templates
 
     root = root or cache_root()
-    digest = hashlib.sha256(Path(make_tiny.__file__).read_bytes()).hexdigest()[:10]
+    sources = (make_tiny, tiny_templates, tokenizer)
+    digest = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in sources))
+    digest = digest.hexdigest()[:10]
     final = root / f"tiny-{arch}-{seed}-{digest}"
     if (final / "config.json").is_file():
         return final

@@ -32,6 +32,10 @@ from deployments.openai_protocol import (
     from_validation_error,
     parse_json_object,
 )
+from deployments.openai_tools import ToolPlan, chat_grammar, plan_tools
+from deployments.tool_parsers import parser_for_template
+from deployments.tool_stream import special_pattern
+from shortconv.grammar import GrammarError
 from shortconv.sampling_params import SamplingParams
 
 # Ray Serve routes on this header (RAY_SERVE_SESSION_ID_HEADER_KEY, default x-session-id) and
@@ -80,6 +84,11 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
     created = int(time.time())
     tokenizer = engine.engine.tokenizer
     max_model_len = int(engine.engine.max_model_len)
+    hf = getattr(tokenizer, "hf", None)
+    tool_parser = parser_for_template(getattr(hf, "chat_template", None))
+    specials = [t.content for t in getattr(hf, "added_tokens_decoder", {}).values() if t.special]
+    keep = (tool_parser.start, tool_parser.end) if tool_parser is not None else ()
+    drop_specials = special_pattern(specials, keep)
     _install_error_handlers(app)
 
     app.add_middleware(_TagReplica, replica_id=cfg.replica_id)
@@ -108,12 +117,16 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
         params: SamplingParams,
         include_usage: bool,
         stream: bool,
+        grammar_param: str = "response_format",
+        tools: ToolPlan | None = None,
     ) -> Response:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         check_context(len(prompt), params.max_tokens, max_model_len)
         retry = {"retry-after": str(RETRY_AFTER_S)}
         try:
             deltas = engine.generate(prompt, params, rid, session_id_of(request))
+        except GrammarError as exc:  # a schema that passed our checks but does not compile
+            raise APIError(str(exc), param=grammar_param) from None
         except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
             raise APIError(str(exc), param="stop" if "stop" in str(exc) else "prompt") from None
         except EngineOverloaded as exc:
@@ -125,7 +138,15 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
                 str(exc), 503, "server_error", code="engine_dead", headers=retry
             ) from None
         deltas = with_deadline(deltas, cfg.request_timeout_s)
-        fmt = Formatter(chat, rid, cfg.model_name, token_text, params.logprobs is not None)
+        fmt = Formatter(
+            chat,
+            rid,
+            cfg.model_name,
+            token_text,
+            params.logprobs is not None,
+            tools=tools,
+            drop_specials=drop_specials if tools is not None and tools.mode == "auto" else None,
+        )
         if stream:
             return StreamingResponse(
                 fmt.sse(deltas, include_usage),
@@ -153,7 +174,8 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
             except Exception as exc:  # a string the tokenizer cannot take is the client's
                 raise APIError(f"prompt cannot be tokenized: {exc}", param="prompt") from None
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
-        params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs)
+        grammar = req.response_format.grammar() if req.response_format else None
+        params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs, grammar=grammar)
         return await respond(request, False, prompt, params, req.include_usage, req.stream)
 
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
@@ -161,9 +183,14 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
         req = await parse(request, ChatCompletionRequest)
         if tokenizer is None:
             raise APIError("this model has no tokenizer, so no chat template", param="messages")
+        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, tool_parser)
+        grammar, grammar_param = chat_grammar(req.response_format, tools)
         try:
+            listed = req.template_tools()
             prompt = tokenizer.apply_chat_template(
-                req.chat_messages(), add_generation_prompt=req.add_generation_prompt
+                req.chat_messages(),
+                add_generation_prompt=req.add_generation_prompt,
+                **({"tools": listed} if listed else {}),
             )
         except APIError:
             raise
@@ -171,8 +198,16 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
             raise APIError(f"chat template failed: {exc}", param="messages") from None
         requested = req.requested_max_tokens()
         max_tokens = requested if requested is not None else max(1, max_model_len - len(prompt))
-        params = req.sampling(max_tokens=max_tokens, logprobs=req.engine_logprobs())
-        return await respond(request, True, prompt, params, req.include_usage, req.stream)
+        params = req.sampling(
+            max_tokens=max_tokens,
+            logprobs=req.engine_logprobs(),
+            grammar=grammar,
+            # NOTE: `auto` parses the model's call markers, which are special tokens.
+            skip_special_tokens=tools is None or tools.mode != "auto",
+        )
+        return await respond(
+            request, True, prompt, params, req.include_usage, req.stream, grammar_param, tools
+        )
 
     @app.get("/health")
     async def health() -> Response:

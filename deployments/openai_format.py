@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.async_engine import Delta
-from deployments.openai_protocol import APIError
+from deployments.openai_errors import APIError
+from deployments.openai_tools import ToolPlan, openai_tool_calls
+from deployments.tool_stream import ToolOutput
 
 # The engine's finish reasons that OpenAI has no word for end as "stop".
 _FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -74,6 +77,11 @@ class Formatter:
     token_text: Any  # Callable[[int], str]: one token's text for logprobs
     want_logprobs: bool
     created: int = field(default_factory=lambda: int(time.time()))
+    tools: ToolPlan | None = None  # chat with tools: content and calls split (tool_stream)
+    drop_specials: re.Pattern[str] | None = None
+
+    def _tool_output(self) -> ToolOutput | None:
+        return ToolOutput(self.tools, self.drop_specials) if self.tools is not None else None
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
@@ -113,6 +121,20 @@ class Formatter:
         choice["finish_reason"] = _FINISH.get(acc.finish_reason or "stop", "stop")
         if self.chat:
             choice["message"] = {"role": "assistant", "content": acc.text}
+            tools = self._tool_output()
+            if tools is not None:
+                head = tools.push(acc.text)
+                rest, calls = tools.finish(acc.finish_reason)
+                content = head + rest
+                if calls:
+                    choice["message"] = {
+                        "role": "assistant",
+                        "content": content.strip() or None,
+                        "tool_calls": openai_tool_calls(calls, stream=False),
+                    }
+                    choice["finish_reason"] = "tool_calls"
+                else:
+                    choice["message"]["content"] = content
             body = self._head("chat.completion")
         else:
             choice["text"] = acc.text
@@ -129,14 +151,19 @@ class Formatter:
             first.update(logprobs=None, finish_reason=None)
             yield _event({**self._head(obj), "choices": [first], **extra})
         async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
-            async for chunk in self._chunks(it, acc, obj, extra):
+            async for chunk in self._chunks(it, acc, obj, extra, self._tool_output()):
                 yield chunk
         if acc.finish_reason not in (None, *_FAILED) and include_usage:
             yield _event({**self._head(obj), "choices": [], "usage": acc.usage()})
         yield "data: [DONE]\n\n"
 
     async def _chunks(
-        self, deltas: AsyncIterator[Delta], acc: Accumulator, obj: str, extra: dict[str, Any]
+        self,
+        deltas: AsyncIterator[Delta],
+        acc: Accumulator,
+        obj: str,
+        extra: dict[str, Any],
+        tools: ToolOutput | None,
     ) -> AsyncIterator[str]:
         async for d in deltas:
             offset = len(acc.text)
@@ -145,13 +172,19 @@ class Formatter:
                 yield _event(failure(d.finish_reason, d.error).body())
                 return
             finish = _FINISH.get(d.finish_reason, "stop") if d.finish_reason else None
-            if not d.text and not finish and not self.want_logprobs:
+            text, calls = (d.text, ()) if tools is None else (tools.push(d.text), ())
+            if tools is not None and finish:
+                rest, calls = tools.finish(d.finish_reason)
+                text, finish = text + rest, "tool_calls" if calls else finish
+            if not text and not finish and not self.want_logprobs:
                 continue  # a token with no visible text yet (held back, special or partial)
             choice: dict[str, Any] = {"index": 0}
             if self.chat:
-                choice["delta"] = {"content": d.text} if d.text else {}
+                choice["delta"] = {"content": text} if text else {}
+                if calls:
+                    choice["delta"]["tool_calls"] = openai_tool_calls(calls, stream=True)
             else:
-                choice["text"] = d.text
+                choice["text"] = text
             lps = d.logprobs or ()
             choice["logprobs"] = self._logprobs(d.token_ids, lps, d.top_logprobs, offset)
             choice["finish_reason"] = finish

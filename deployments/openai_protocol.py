@@ -8,43 +8,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from deployments.openai_errors import APIError
+from deployments.openai_structured import ResponseFormat
+from deployments.openai_tools import ToolCallIn, ToolChoice, ToolDef, history_tool_calls
+from shortconv.grammar import GrammarSpec
 from shortconv.sampling_params import SamplingParams
 
 MAX_TOP_LOGPROBS = SamplingParams.MAX_LOGPROBS
 MAX_STOP_TOKEN_IDS = 64
-
-
-class APIError(Exception):
-    """An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}` with a status."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code = (
-            message,
-            status,
-            type,
-            param,
-            code,
-        )
-        self.headers = headers  # e.g. Retry-After on 503
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 # Pydantic names the union member that failed in `loc` ("str", "list[int]", ...); a client
@@ -180,9 +151,17 @@ class _SamplingFields(BaseModel):
         if self.logit_bias:
             raise APIError("logit_bias is not supported", param="logit_bias")
 
-    def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling(
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        grammar: GrammarSpec | None = None,
+        skip_special_tokens: bool = True,
+    ) -> SamplingParams:
         self.check_unsupported()
         return make_sampling_params(
+            grammar=grammar,
+            skip_special_tokens=skip_special_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
@@ -201,12 +180,15 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
+    # The OpenAPI document's example (schema fuzzers send it first, so it must be answerable).
+    model_config = ConfigDict(**_STRICT, json_schema_extra={"examples": [{"prompt": "Hello"}]})
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    response_format: ResponseFormat | None = None  # an extension here (vLLM has it too)
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
@@ -239,6 +221,20 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant turns
+    tool_call_id: str | None = None  # tool turns
+
+    def template_dict(self, index: int) -> dict[str, Any]:
+        """The message as the chat template sees it (text content, call arguments parsed)."""
+        msg: dict[str, Any] = {"role": self.role, "content": self.text(index)}
+        if self.tool_calls:
+            if self.role != "assistant":
+                where = f"messages.{index}.tool_calls"
+                raise APIError(f"{where}: only assistant messages carry tool calls", param=where)
+            msg["tool_calls"] = history_tool_calls(self.tool_calls, index)
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        return msg
 
     def text(self, index: int) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -254,28 +250,24 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    type: str = "text"
-
-
 class ChatCompletionRequest(_SamplingFields):
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra={"examples": [{"messages": [{"role": "user", "content": "Hello"}]}]},
+    )
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True  # extension (vLLM)
+    response_format: ResponseFormat | None = None
 
     def check_unsupported(self) -> None:
         super().check_unsupported()
-        if self.response_format is not None and self.response_format.type != "text":
-            raise APIError("only response_format type 'text' is supported", param="response_format")
-        if self.tools:
-            raise APIError("tools are not supported", param="tools")
         if self.top_logprobs and not self.logprobs:
             raise APIError("top_logprobs requires logprobs=true", param="top_logprobs")
 
@@ -289,5 +281,11 @@ class ChatCompletionRequest(_SamplingFields):
     def engine_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [m.template_dict(i) for i, m in enumerate(self.messages)]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template takes them (OpenAI's shape, as vLLM passes them)."""
+        if not self.tools:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]

@@ -11,6 +11,7 @@ from shortconv.allocators import PageAllocator, SlotAllocator
 from shortconv.cached_sessions import CachedSessions
 from shortconv.config import ModelConfig
 from shortconv.executor import BaseExecutor, ExecutorError
+from shortconv.grammar.runtime import GrammarRuntime
 from shortconv.graph_runner import GraphStats
 from shortconv.metrics import MetricsRecorder
 from shortconv.outputs import RequestOutput
@@ -56,6 +57,8 @@ class LLMEngine:
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),
         )
+        hf = self.tokenizer.hf if self.tokenizer is not None else None
+        self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
         self._outputs: dict[str, RequestOutput] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._counts = {"prompt": 0, "generation": 0, "cached": 0}
@@ -88,6 +91,8 @@ class LLMEngine:
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none")
+        if params.grammar is not None:
+            self.grammars.check(params.grammar)  # GrammarError (a ValueError) naming the field
 
     def add_request(
         self,
@@ -111,7 +116,9 @@ class LLMEngine:
             top_logprobs=[] if params.logprobs else None,
         )
         if self.tokenizer is not None:
-            self._detok[rid] = IncrementalDetokenizer(self.tokenizer, params.stop)
+            self._detok[rid] = IncrementalDetokenizer(
+                self.tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens
+            )
         if self.metrics is not None:
             self.metrics.request_added(rid)
         return rid
@@ -137,13 +144,15 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan is None:
             return []
+        plan, dead = self.grammars.attach(plan, self.scheduler.requests)
+        outs = [self._fail_request(self.scheduler.requests[rid], why) for rid, why in dead.items()]
         try:
-            result = self.executor.execute(plan)
+            result = self.executor.execute(plan) if plan.seqs else None
         except ExecutorError as exc:
-            outs = self._fail_all(str(exc))
+            outs += self._fail_all(str(exc))
         else:
-            updated = self.scheduler.update(plan, result)
-            outs = [self._emit_or_fail(req) for req in updated]
+            updated = self.scheduler.update(plan, result) if result is not None else []
+            outs += [self._emit_or_fail(req) for req in updated]
         if self.metrics is not None:
             self.metrics.step_done(self.stats(), plan, outs, time.perf_counter() - start)
         return outs
@@ -155,14 +164,19 @@ class LLMEngine:
             return self._emit(req)
         except Exception as exc:
             log.exception("request %s failed", req.request_id)
-            if not req.finished:
-                self.scheduler.finish(req, "error")
-            out = self._outputs.pop(req.request_id, None)
-            out = out or RequestOutput(req.request_id, list(req.prompt_token_ids))
-            self._detok.pop(req.request_id, None)
-            out.finish_reason, out.error = "error", f"{type(exc).__name__}: {exc}"
-            self._count_finished("error")
-            return out
+            return self._fail_request(req, f"{type(exc).__name__}: {exc}")
+
+    def _fail_request(self, req: Request, message: str) -> RequestOutput:
+        """End one request with an error, freeing its slot and pages."""
+        if not req.finished:
+            self.scheduler.finish(req, "error")
+        out = self._outputs.pop(req.request_id, None)
+        out = out or RequestOutput(req.request_id, list(req.prompt_token_ids))
+        self._detok.pop(req.request_id, None)
+        self.grammars.release(req.request_id)
+        out.finish_reason, out.error = "error", message
+        self._count_finished("error")
+        return out
 
     def _emit(self, req: Request) -> RequestOutput:
         out = self._outputs[req.request_id]
@@ -172,6 +186,8 @@ class LLMEngine:
         self._counts["generation"] += 1
         out.num_cached_tokens = req.num_cached_tokens
         tok = req.output_token_ids[-1]
+        if self.grammars.accept(req.request_id, tok, req.finished) and not req.finished:
+            self.scheduler.finish(req, "stop")  # the grammar is complete (ignore_eos too)
         out.new_token_ids = [tok]
         out.token_ids.append(tok)
         if out.logprobs is not None:

@@ -8,10 +8,11 @@ device->host transfer, so the sampler never adds syncs beyond the one the engine
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from shortconv.grammar.token_mask import apply_token_masks
 from shortconv.sampling_params import SamplingParams
 
 _M64 = (1 << 64) - 1
@@ -26,6 +27,8 @@ class SamplingRow:
     params: SamplingParams
     seed: int  # effective per-request seed, chosen by the engine
     step: int  # tokens this request has generated so far (0 for the first)
+    # Allowed next tokens of a grammar-constrained request: xgrammar's int32 bitmask, as bytes.
+    token_mask: bytes | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,14 @@ class Sampler:
             return SamplerOutput([], [], [])
         want = [r.params.logprobs for r in rows]
         greedy = [r.params.greedy for r in rows]
+        # Grammar masks pick among allowed tokens only; logprobs stay those of the raw model.
+        masked = apply_token_masks(logits, [r.token_mask for r in rows])
         if all(greedy) and all(k is None for k in want):
             # Decode fast path: argmax on the raw dtype orders exactly like fp32 (the widening
             # is exact and monotone), so skip the [B, V] fp32 copy.
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * batch, [None] * batch)
+            return SamplerOutput(masked.argmax(dim=-1).tolist(), [None] * batch, [None] * batch)
 
-        x = logits.float()
+        x = masked.float()
         rand = [i for i, g in enumerate(greedy) if not g]
         if len(rand) == batch:
             tokens = _sample(x, rows)
@@ -91,7 +96,8 @@ class Sampler:
         lp_rows = [i for i, k in enumerate(want) if k is not None]
         if not lp_rows:
             return SamplerOutput(tokens.tolist(), [None] * batch, [None] * batch)
-        return _with_logprobs(x, tokens, want, lp_rows)
+        raw = x if masked is logits else logits.float()
+        return _with_logprobs(raw, tokens, want, lp_rows)
 
 
 def _sample(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

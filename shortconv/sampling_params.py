@@ -6,6 +6,8 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+from shortconv.grammar.spec import GrammarSpec
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -14,7 +16,8 @@ class SamplingParams:
     temperature == 0 means greedy. top_k <= 0 disables top-k. logprobs=None returns no
     logprobs; logprobs=0 returns the chosen token's logprob; logprobs=k also returns the k
     most likely tokens. Logprobs are of the model's raw distribution (before temperature and
-    truncation), like vLLM's default.
+    truncation), like vLLM's default. `grammar` restricts every sampled token to those the
+    grammar allows (the request stops once the grammar is complete).
     """
 
     temperature: float = 1.0
@@ -27,6 +30,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None
+    grammar: GrammarSpec | None = None  # constrain the output (JSON schema / JSON object)
+    skip_special_tokens: bool = True  # False keeps e.g. tool-call markers in the text
 
     MAX_STOP_STRINGS = 16
     MAX_LOGPROBS = 20
@@ -66,6 +71,8 @@ class SamplingParams:
             raise bad("stop", "must contain non-empty strings only")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", f"must be non-negative, got {self.stop_token_ids!r}")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise bad("grammar", f"must be a GrammarSpec or None, got {self.grammar!r}")
         lp = self.logprobs
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= self.MAX_LOGPROBS):
             raise bad("logprobs", f"must be None or an int in [0, {self.MAX_LOGPROBS}], got {lp!r}")

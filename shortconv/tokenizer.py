@@ -63,18 +63,24 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def build_byte_tokenizer(vocab_size: int, model_max_length: int = 2048) -> Any:
-    """A `PreTrainedTokenizerFast` with ids: specials (0..3), the 256 bytes (4..259), and
-    `<|reserved_N|>` special tokens filling the rest up to `vocab_size` (so every id a model
-    with that vocab can emit decodes, like Llama-3's reserved tokens)."""
+def build_byte_tokenizer(
+    vocab_size: int,
+    model_max_length: int = 2048,
+    chat_template: str = CHAT_TEMPLATE,
+    named_special: Sequence[str] = (),
+) -> Any:
+    """A `PreTrainedTokenizerFast` with ids: specials (0..3), the 256 bytes (4..259), then
+    `named_special` (e.g. a family's tool-call markers) and `<|reserved_N|>` special tokens
+    filling the rest up to `vocab_size` (so every id a model with that vocab can emit decodes,
+    like Llama-3's reserved tokens)."""
     from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as RawTokenizer
     from transformers import PreTrainedTokenizerFast
 
-    min_size = BYTE_TOKEN_OFFSET + NUM_BYTE_TOKENS
+    min_size = BYTE_TOKEN_OFFSET + NUM_BYTE_TOKENS + len(named_special)
     if vocab_size < min_size:
         raise ValueError(
-            f"vocab_size must be >= {min_size} (specials + 256 bytes), got {vocab_size}"
+            f"vocab_size must be >= {min_size} (specials + 256 bytes + named), got {vocab_size}"
         )
 
     byte_chars = _bytes_to_unicode()
@@ -86,9 +92,8 @@ def build_byte_tokenizer(vocab_size: int, model_max_length: int = 2048) -> Any:
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     raw.decoder = decoders.ByteLevel()
     reserved = [f"<|reserved_{i}|>" for i in range(vocab_size - min_size)]
-    raw.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in (*SPECIAL_TOKENS, *reserved)]
-    )
+    specials = (*SPECIAL_TOKENS, *named_special, *reserved)
+    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     bos_id = SPECIAL_TOKENS.index(BOS_TOKEN)
     raw.post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A",
@@ -106,7 +111,7 @@ def build_byte_tokenizer(vocab_size: int, model_max_length: int = 2048) -> Any:
         clean_up_tokenization_spaces=False,
         model_max_length=model_max_length,
     )
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = chat_template
     return tok
 
 
@@ -164,7 +169,10 @@ class Tokenizer:
         )
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         if not self.has_chat_template:
             raise ValueError(
@@ -173,7 +181,7 @@ class Tokenizer:
         # Render then encode: the template already writes bos, so no special tokens are added,
         # and it sidesteps the version-dependent return type of tokenize=True.
         text = self.hf.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
         )
         return self.encode(text, add_special_tokens=False)
 

@@ -4,7 +4,8 @@
         [--set key=value ...] [--skip-bias B] [--no-tokenizer]
 
 Writes config.json, generation_config.json, model.safetensors (fp32) and a byte-level tokenizer
-with a ChatML template (shortconv.tokenizer), all built locally; a pure function of the inputs.
+(shortconv.tokenizer) with a ChatML template that carries the family's tool-calling format
+(shortconv.tools.tiny_templates), all built locally; a pure function of the inputs.
 
 Re-randomisation (`rerandomize_`): transformers' default init (std 0.02, norms at 1, biases at
 0, ZAYA's `temp` at 0) makes logits near-ties and turns whole code paths into identities, so an
@@ -53,6 +54,7 @@ from typing import Any
 import torch
 
 from shortconv import tokenizer as toks
+from shortconv.tools.tiny_templates import TEMPLATES
 
 ARCH_MODEL_TYPES: dict[str, str] = {"lfm2": "lfm2", "lfm2_moe": "lfm2_moe", "zaya1": "zaya"}
 _ARCH_ALIASES = {"zaya": "zaya1"}
@@ -253,8 +255,12 @@ def make_tiny_checkpoint(
     model.save_pretrained(str(out))
     if with_tokenizer:
         cfg = model.config
+        template, named = TEMPLATES[_canonical_arch(arch)]
         tok = toks.build_byte_tokenizer(
-            cfg.vocab_size, model_max_length=cfg.max_position_embeddings
+            cfg.vocab_size,
+            model_max_length=cfg.max_position_embeddings,
+            chat_template=template,
+            named_special=named,
         )
         tok.save_pretrained(str(out))
     return out

@@ -1,0 +1,38 @@
+"""The OpenAI error object every non-2xx answer carries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}` with a status."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = (
+            message,
+            status,
+            type,
+            param,
+            code,
+        )
+        self.headers = headers  # e.g. Retry-After on 503
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }

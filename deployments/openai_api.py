@@ -223,7 +223,7 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
         check_auth(request, cfg.api_key)  # it lists session ids
         return {"replica_id": cfg.replica_id, **engine.stats()}
 
-    @app.post("/v1/internal/reset_prefix_cache")
+    @app.post("/v1/internal/reset_prefix_cache", include_in_schema=False)  # admin, not an API
     async def reset_prefix_cache(request: Request) -> dict[str, Any]:
         """Drop this replica's prefix cache (kept sessions too); running requests keep their
         own state. vLLM's /reset_prefix_cache, per replica."""

@@ -1,9 +1,11 @@
 """The application builder: `import_path: deployments.app:build` in deployments/*.yaml.
 
-`build(args)` validates the YAML `args:` block (AppArgs) and binds one LLMServer deployment.
-Every Serve option is decided here, once, from the args. A YAML `deployments:` entry for
-LLMServer overrides them option by option (Serve's rule; a dict option such as
-`autoscaling_config` is replaced whole, so the replica bounds are args, not an override).
+`build(args)` validates the YAML `args:` block (AppArgs) and binds two deployments: the
+OpenAIIngress (HTTP in; reads the body, keys the prompt's prefix) bound to LLMServer (the model
+replicas, reached through a handle so its router sees the prefix key). Every Serve option is
+decided here, once, from the args. A YAML `deployments:` entry for LLMServer or OpenAIIngress
+overrides them option by option (Serve's rule; a dict option such as `autoscaling_config` is
+replaced whole, so the replica bounds are args, not an override).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from deployments.args import AppArgs
+from deployments.ingress import OpenAIIngress
 from deployments.router import SessionAffinityRouter
 from deployments.server import LLMServer
 
@@ -23,6 +26,7 @@ ROUTING_STATS_PERIOD_S = 2.0  # how stale a replica's session report may be (def
 # the replica itself answers overload (an OpenAI 503 with Retry-After, counted at admission)
 # and /v1/models, /health or stats calls still get through while generation is full.
 ADMISSION_HEADROOM = 8
+INGRESS_NUM_CPUS = 0.1  # it parses JSON and relays bytes; the model's CPUs stay the model's
 
 
 class AppArgsError(ValueError):
@@ -85,13 +89,38 @@ def deployment_options(args: AppArgs) -> dict[str, Any]:
     return opts
 
 
+def ingress_options(args: AppArgs) -> dict[str, Any]:
+    """Serve options for OpenAIIngress.
+
+    It autoscales between the same bounds as LLMServer, targeting one LLMServer replica's worth
+    of requests each, so the ingress grows with the fleet (a fixed count would either idle at
+    scale zero's floor or bottleneck a large fleet); at 0.1 CPU a replica costs little. Each
+    one may hold every request the whole fleet admits: it only waits on the replicas."""
+    fleet = args.max_replicas * (args.admission_limit + ADMISSION_HEADROOM)
+    return {
+        "max_ongoing_requests": fleet,
+        "max_queued_requests": fleet,
+        "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=1),
+        "autoscaling_config": {
+            "min_replicas": max(1, args.min_replicas),
+            "max_replicas": args.max_replicas,
+            "target_ongoing_requests": args.admission_limit,
+        },
+        "health_check_period_s": 10.0,
+        "ray_actor_options": {"num_cpus": INGRESS_NUM_CPUS},
+    }
+
+
 def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any) -> Application:
-    """Bind LLMServer; `overrides` replace deployment options (tests: num_replicas=2, ...)."""
+    """OpenAIIngress bound to LLMServer; `overrides` replace LLMServer's deployment options
+    (tests: num_replicas=2, ...)."""
     opts = deployment_options(args)
     if "num_replicas" in overrides:
         opts.pop("autoscaling_config")
     opts.update(overrides)
-    return LLMServer.options(**opts).bind(args.model_dump(), engine_factory)
+    llm = LLMServer.options(**opts).bind(args.model_dump(), engine_factory)
+    cfg = {"max_request_bytes": args.max_request_bytes, "api_key": args.api_key}
+    return OpenAIIngress.options(**ingress_options(args)).bind(llm, cfg)
 
 
 def build(args: dict[str, Any]) -> Application:

@@ -1,4 +1,5 @@
-"""SessionAffinityRouter: send a session's turns to the replica that holds its state.
+"""SessionAffinityRouter: send a session's turns to the replica that holds its state, and a
+request without one to the replica most likely to hold its prompt's prefix.
 
 Who owns a session is learnt two ways, and the most recent word wins:
   * this router's own record of where it last sent the session (`on_request_routed`), which is
@@ -11,8 +12,13 @@ strands no live session. A session whose owner is gone goes to the least-loaded 
 prefill there: slower, never wrong). The owner is ranked first and the other replicas second,
 so when the owner is full (Serve's max_ongoing_requests rejection) or above `spill_queue_len`,
 the request spills to the least-loaded other replica — queue lengths come from Ray's probing
-and cache (`_select_from_candidate_replicas`), not from this class. Requests without a session
-go to the least-loaded replica, preferring this node's (LocalityMixin).
+and cache (`_select_from_candidate_replicas`), not from this class.
+
+Requests without a known session owner that carry a prefix key (`prefix_hashes`, set by the
+ingress; deployments/prefix_key.py) go the same way to the replicas holding the longest prefix
+of it (deployments/prefix_owners.py: replicas' `routing_stats["prefixes"]` plus this router's
+own record): holders first, the rest second, the same spill rules. Anything else goes to the
+least-loaded replica, preferring this node's (LocalityMixin).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from deployments.prefix_owners import DEFAULT_MAX_TRACKED_PREFIXES, PrefixOwners, hashes_of
+
 DEFAULT_MAX_TRACKED_SESSIONS = 100_000
 
 
@@ -41,6 +49,7 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         many ongoing requests and another replica has fewer; None (default) spills only when
         the owner rejects (max_ongoing_requests).
       * max_tracked_sessions (int): bound on this router's own session -> replica records.
+      * max_tracked_prefixes (int): bound on its own prefix hash -> replica records.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -49,11 +58,13 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         self._reported: dict[str, list[tuple[float, ReplicaID]]] = {}
         self._spill_queue_len: int | None = None
         self._max_tracked = DEFAULT_MAX_TRACKED_SESSIONS
+        self._prefixes = PrefixOwners()
 
     def initialize_state(
         self,
         spill_queue_len: int | None = None,
         max_tracked_sessions: int = DEFAULT_MAX_TRACKED_SESSIONS,
+        max_tracked_prefixes: int = DEFAULT_MAX_TRACKED_PREFIXES,
     ) -> None:
         if spill_queue_len is not None and (
             not isinstance(spill_queue_len, int) or spill_queue_len < 1
@@ -65,8 +76,13 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
             raise ValueError(
                 f"max_tracked_sessions must be an int >= 1, got {max_tracked_sessions!r}"
             )
+        if not isinstance(max_tracked_prefixes, int) or max_tracked_prefixes < 1:
+            raise ValueError(
+                f"max_tracked_prefixes must be an int >= 1, got {max_tracked_prefixes!r}"
+            )
         self._spill_queue_len = spill_queue_len
         self._max_tracked = max_tracked_sessions
+        self._prefixes.max_tracked = max_tracked_prefixes
 
     # ---- ownership --------------------------------------------------------------------------
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
@@ -78,6 +94,7 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
             for sid, seen in sessions.items():
                 reported.setdefault(sid, []).append((float(seen), r.replica_id))
         self._reported = reported
+        self._prefixes.update_reports(replicas)
 
     def owner_of(self, session_id: str) -> RunningReplica | None:
         """The live replica with the most recent claim on the session, if any."""
@@ -90,9 +107,17 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
                 best = (seen, rid)
         return self._replicas[best[1]] if best is not None else None
 
+    def prefix_holders(self, hashes: list[int]) -> list[RunningReplica]:
+        """The live replicas holding the longest prefix of this chain that any holds."""
+        _, ids = self._prefixes.holders(hashes, self._replicas)
+        return [self._replicas[i] for i in ids]
+
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
+        hashes = hashes_of(pending_request.kwargs)
+        if hashes:
+            self._prefixes.record_routed(hashes, replica_id)
         sid = pending_request.metadata.session_id
         if not sid:
             return
@@ -107,9 +132,8 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        sid = pending_request.metadata.session_id if pending_request is not None else None
-        owner = self.owner_of(sid) if sid else None
-        if owner is None:
+        preferred = self._preferred(pending_request)
+        if not preferred:
             ids = self.apply_locality_routing(pending_request)
             # Shuffled: Ray picks the lowest queue length and the first of equals, so equal
             # loads would otherwise always land on the same replica.
@@ -118,12 +142,25 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
             return [live]
         assert pending_request is not None
         pending_request.routing_context.should_backoff = True
-        others = [r for r in candidate_replicas if r.replica_id != owner.replica_id]
+        random.shuffle(preferred)  # several holders of a prefix: spread equal loads
+        chosen = {r.replica_id for r in preferred}
+        others = [r for r in candidate_replicas if r.replica_id not in chosen]
         if not others:
-            return [[owner]]
-        if self._owner_saturated(owner, others):
-            return [others, [owner]]
-        return [[owner], others]
+            return [preferred]
+        if all(self._owner_saturated(r, others) for r in preferred):
+            return [others, preferred]
+        return [preferred, others]
+
+    def _preferred(self, pending_request: PendingRequest | None) -> list[RunningReplica]:
+        """The session's owner, else the holders of the request's prefix, else nobody."""
+        if pending_request is None:
+            return []
+        sid = pending_request.metadata.session_id
+        owner = self.owner_of(sid) if sid else None
+        if owner is not None:
+            return [owner]
+        hashes = hashes_of(pending_request.kwargs)
+        return self.prefix_holders(hashes) if hashes else []
 
     def _owner_saturated(self, owner: RunningReplica, others: list[RunningReplica]) -> bool:
         if self._spill_queue_len is None:

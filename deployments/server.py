@@ -12,12 +12,14 @@ import asyncio
 import importlib
 import logging
 import os
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from ray import serve
 
 from deployments.args import AppArgs
+from deployments.asgi_forward import ForwardedRequest, Message, PrefixRecord, run_asgi
 from deployments.async_engine import AsyncEngine, EngineLike
 from deployments.metrics_sink import attach_ray_metrics
 from deployments.model_source import resolve_model, served_model_name
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
     from shortconv.engine import LLMEngine
 
 log = logging.getLogger(__name__)
+
+MAX_RECORDED_PREFIXES = 4096  # prefix hashes a replica reports (a few KiB in its stats)
+RESET_PREFIX_CACHE_PATH = "/v1/internal/reset_prefix_cache"
 
 # Test hook (tests/test_serve_metrics.py): N > 0 makes the first N decode-graph replays of a
 # tp_size=1 replica raise after the forward, so a forced replay failure can be observed end to
@@ -101,7 +106,11 @@ def import_attr(path: str) -> Any:
 @serve.deployment(name="LLMServer")
 @serve.ingress()
 class LLMServer:
-    """One replica: engine loop + OpenAI routes + session ownership reports for the router."""
+    """One replica: engine loop + OpenAI routes + session and prefix reports for the router.
+
+    HTTP reaches it through the ingress (`forward`, a handle call the router can route on the
+    prompt's prefix key); it also stays a FastAPI ingress of its own, so a direct HTTP route
+    to it serves the same API."""
 
     async def __init__(self, args: dict[str, Any], engine_factory: str | None = None) -> None:
         self.args = AppArgs.model_validate(args)
@@ -117,6 +126,7 @@ class LLMServer:
             session_ttl_s=self.args.session_ttl_s,
         )
         self.engine.start()
+        self.prefixes = PrefixRecord(MAX_RECORDED_PREFIXES)
         self.replica_id = serve.get_replica_context().replica_id.to_full_id_str()
         log.info("replica %s ready", self.replica_id)
 
@@ -134,11 +144,31 @@ class LLMServer:
         """Serve's health check: the engine loop must be alive and every TP worker answer."""
         await self.engine.check_health()
 
+    async def forward(
+        self, req: ForwardedRequest, prefix_hashes: list[int] | None = None
+    ) -> AsyncIterator[Message]:
+        """Serve one HTTP request from the ingress through this replica's FastAPI app: yields
+        the response start, then body chunks. `prefix_hashes` (the router reads them from the
+        call's kwargs) are recorded once the request succeeded: its prompt is now cached here."""
+        status = 0
+        async for message in run_asgi(self.app, req):
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            yield message
+        if status == 200 and req.method == "POST" and req.path.endswith(RESET_PREFIX_CACHE_PATH):
+            self.prefixes.clear()  # the cache is empty now: claim nothing
+        elif status == 200 and prefix_hashes:
+            self.prefixes.add(prefix_hashes)
+
     def record_routing_stats(self) -> dict[str, Any]:
-        """Sessions this replica holds state for (session id -> last activity, epoch seconds);
-        SessionAffinityRouter routes their next turns here. Only this changes the stats, so
-        Serve re-broadcasts them only when a session comes, goes or takes a turn."""
-        return {"sessions": dict(self.engine.stats().get("sessions", {}))}
+        """Sessions this replica holds state for (session id -> last activity, epoch seconds)
+        and the prefix hashes of prompts it served (sorted ints); SessionAffinityRouter sends
+        a session's next turn, or a request with a known prefix, here. Serve re-broadcasts the
+        stats only when they change: a session comes, goes or takes a turn, a prefix is new."""
+        return {
+            "sessions": dict(self.engine.stats().get("sessions", {})),
+            "prefixes": self.prefixes.report(),
+        }
 
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)

@@ -92,17 +92,19 @@ def deployment_options(args: AppArgs) -> dict[str, Any]:
 def ingress_options(args: AppArgs) -> dict[str, Any]:
     """Serve options for OpenAIIngress.
 
-    It autoscales between the same bounds as LLMServer, targeting one LLMServer replica's worth
-    of requests each, so the ingress grows with the fleet (a fixed count would either idle at
-    scale zero's floor or bottleneck a large fleet); at 0.1 CPU a replica costs little. Each
-    one may hold every request the whole fleet admits: it only waits on the replicas."""
+    It autoscales from one replica up to LLMServer's `max_replicas`, targeting one LLMServer
+    replica's worth of requests each: at 0.1 CPU a replica costs little, one is enough until
+    the fleet is busy, and keeping it to one while load is light keeps prefix routing exact
+    (each ingress replica's router also learns from its own sends; the replicas' reports
+    reach all of them within ROUTING_STATS_PERIOD_S). Each may hold every request the whole
+    fleet admits: it only waits on the replicas."""
     fleet = args.max_replicas * (args.admission_limit + ADMISSION_HEADROOM)
     return {
         "max_ongoing_requests": fleet,
         "max_queued_requests": fleet,
         "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=1),
         "autoscaling_config": {
-            "min_replicas": max(1, args.min_replicas),
+            "min_replicas": 1,
             "max_replicas": args.max_replicas,
             "target_ongoing_requests": args.admission_limit,
         },

@@ -104,13 +104,12 @@ def import_attr(path: str) -> Any:
 
 
 @serve.deployment(name="LLMServer")
-@serve.ingress()
 class LLMServer:
     """One replica: engine loop + OpenAI routes + session and prefix reports for the router.
 
-    HTTP reaches it through the ingress (`forward`, a handle call the router can route on the
-    prompt's prefix key); it also stays a FastAPI ingress of its own, so a direct HTTP route
-    to it serves the same API."""
+    HTTP reaches it only through OpenAIIngress (`forward`, a handle call the router can route
+    on the prompt's prefix key), which runs it through this replica's own OpenAI FastAPI app.
+    NOTE: not a `@serve.ingress` itself: Serve allows one FastAPI ingress per application."""
 
     async def __init__(self, args: dict[str, Any], engine_factory: str | None = None) -> None:
         self.args = AppArgs.model_validate(args)
@@ -128,9 +127,10 @@ class LLMServer:
         self.engine.start()
         self.prefixes = PrefixRecord(MAX_RECORDED_PREFIXES)
         self.replica_id = serve.get_replica_context().replica_id.to_full_id_str()
+        self.app = self._build_api()
         log.info("replica %s ready", self.replica_id)
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
+    def _build_api(self) -> FastAPI:
         cfg = ApiConfig(
             model_name=served_model_name(self.args),
             replica_id=self.replica_id,

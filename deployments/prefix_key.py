@@ -7,9 +7,10 @@ light process with no model), so it is a key of the *text* that renders first, n
   * completions: the prompt (a string or token ids) serialized the same way.
 That string is cut into BLOCK_CHARS blocks and hash i covers blocks 0..i (each hash folds in
 the previous one), so two requests share hash i exactly when their first i+1 blocks are equal,
-and a replica that reports hash i has seen a request with that whole prefix. Only full blocks
-count (a partial last block is unlikely to be shared) and at most MAX_BLOCKS are kept: the
-first few KiB decide where a prompt's cached pages are; the key stays a few hundred bytes.
+and a replica that reports hash i has seen a request with that whole prefix. A partial last
+block counts too (its hash matches only the same whole text: a retried or re-sent prompt, or a
+short one, follows its first copy). At most MAX_BLOCKS are kept: the first few KiB decide
+where a prompt's cached pages are; the key stays a few hundred bytes.
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ def canonical_text(path: str, body: Any) -> str | None:
 def chain_hashes(
     text: str, block_chars: int = BLOCK_CHARS, max_blocks: int = MAX_BLOCKS
 ) -> list[int]:
-    """Hash i (a 63-bit int: compact, and one JSON/pickle number) covers text[: (i+1)*block]."""
+    """Hash i (a 63-bit int: compact, and one JSON/pickle number) covers text[: (i+1)*block];
+    the last may cover a partial block."""
     out: list[int] = []
     prev = b""
-    for i in range(min(len(text) // block_chars, max_blocks)):
+    for i in range(min(-(-len(text) // block_chars), max_blocks)):
         block = text[i * block_chars : (i + 1) * block_chars].encode("utf-8", "surrogatepass")
         prev = hashlib.blake2b(prev + block, digest_size=8).digest()
         out.append(int.from_bytes(prev, "big") >> 1)

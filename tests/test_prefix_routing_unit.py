@@ -39,6 +39,12 @@ def test_prefix_key_shares_exactly_the_common_blocks() -> None:
     c = prefix_hashes("POST", "/v1/chat/completions", chat_body("hello " * 40, "t" + SYSTEM[1:]))
     assert not set(a) & set(c)
     assert len(chain_hashes("x" * BLOCK_CHARS * (MAX_BLOCKS + 5))) == MAX_BLOCKS
+    # A short prompt (one partial block) follows only its own copies.
+    short = prefix_hashes("POST", "/v1/chat/completions", chat_body("hi", "be brief"))
+    assert short == prefix_hashes("POST", "/v1/chat/completions", chat_body("hi", "be brief"))
+    assert len(short) == 1 and not set(short) & set(
+        prefix_hashes("POST", "/v1/chat/completions", chat_body("ho", "be brief"))
+    )
     assert prefix_hashes("POST", "/v1/completions", json.dumps({"prompt": "p" * 300}).encode())
     for method, path, body in [
         ("GET", "/v1/models", b""),

@@ -15,6 +15,7 @@ A client that disconnects cancels the handle call, so the replica aborts and fre
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +41,17 @@ MAX_SESSION_ID_LEN = 256
 API_KEY_ENV = "SHORTCONV_API_KEY"
 RETRY_AFTER_S = 1
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+# LLMServer's routes, named here too only so Serve's per-route HTTP metrics and logs keep their
+# paths; every other path goes through the catch-all to LLMServer all the same (its 404s).
+KNOWN_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/health",
+    "/openapi.json",
+    "/v1/internal/stats",
+    "/v1/internal/reset_prefix_cache",
+)
 
 # forwarder(request, session id or None, prefix hashes) -> the replica's ASGI messages
 Forwarder = Callable[[ForwardedRequest, str | None, list[int]], Any]
@@ -58,10 +70,14 @@ class Refused(Exception):
         super().__init__(message)
         self.status, self.kind, self.code, self.retry = status, kind, code, retry
 
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {"message": str(self), "type": self.kind, "param": None, "code": self.code}
+        }
+
     def response(self) -> JSONResponse:
-        err = {"message": str(self), "type": self.kind, "param": None, "code": self.code}
         headers = {"retry-after": str(RETRY_AFTER_S)} if self.retry else None
-        return JSONResponse({"error": err}, self.status, headers=headers)
+        return JSONResponse(self.body(), self.status, headers=headers)
 
 
 def session_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -112,11 +128,10 @@ def translate(exc: BaseException) -> Refused:
 
 
 def build_ingress_app(forward: Forwarder, cfg: IngressConfig) -> FastAPI:
-    """One catch-all route: LLMServer owns every path (its 404s, /openapi.json, /health)."""
+    """Every path relays to LLMServer, which owns them all (its 404s, /openapi.json, /health)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     api_key = cfg.api_key or os.environ.get(API_KEY_ENV) or None
 
-    @app.api_route("/{path:path}", methods=METHODS)
     async def relay(request: Request) -> Response:
         scope = request.scope
         # NOTE: a request that fails auth is not read: LLMServer checks auth before the body
@@ -143,6 +158,8 @@ def build_ingress_app(forward: Forwarder, cfg: IngressConfig) -> FastAPI:
             forward, req, session_id_of(headers), prefix_hashes(req.method, req.path, body)
         )
 
+    for path in (*KNOWN_PATHS, "/{path:path}"):
+        app.add_api_route(path, relay, methods=METHODS)
     return app
 
 
@@ -163,21 +180,31 @@ async def _start(
         except Exception as exc:
             _cancel(messages)
             return translate(exc).response()
-    resp = StreamingResponse(_body(messages), status_code=int(start["status"]))
-    resp.raw_headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
+    headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
+    sse = any(
+        k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
+    )
+    resp = StreamingResponse(_body(messages, sse), status_code=int(start["status"]))
+    resp.raw_headers = headers
     return resp
 
 
-async def _body(messages: Any) -> AsyncIterator[bytes]:
+async def _body(messages: Any, sse: bool) -> AsyncIterator[bytes]:
     finished = False
     try:
         async for message in messages:
             if message.get("body"):
                 yield message["body"]
         finished = True
-    except Exception as exc:  # the response has started: all we can do is end it early
+    except Exception as exc:  # the response has started: the status cannot change any more
         log.warning("stream from the replica broke: %s", exc)
         finished = True
+        if sse:  # as LLMServer ends a failed stream: one error event, then [DONE]
+            err = translate(exc)
+            body = {
+                "error": {"message": str(err), "type": err.kind, "param": None, "code": err.code}
+            }
+            yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
     finally:
         if not finished:
             _cancel(messages)  # the client left: the replica aborts and frees the slot

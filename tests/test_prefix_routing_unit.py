@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
+from ray.exceptions import RayActorError
 from ray.serve._private.common import RequestMetadata
 from ray.serve.exceptions import BackPressureError
 from ray.serve.request_router import PendingRequest
@@ -184,6 +185,11 @@ def test_ingress_relays_refuses_and_translates() -> None:
         calls.append((sid, hashes))
         if req.path == "/busy":
             raise BackPressureError(num_queued_requests=9, max_queued_requests=8)
+        if req.path == "/broken":
+            sse = [(b"content-type", b"text/event-stream")]
+            yield {"type": "http.response.start", "status": 200, "headers": sse}
+            yield {"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True}
+            raise RayActorError()
         yield {
             "type": "http.response.start",
             "status": 201,
@@ -212,6 +218,10 @@ def test_ingress_relays_refuses_and_translates() -> None:
             r = await client.post("/busy", content=b"{}")
             assert r.status_code == 503 and r.headers["retry-after"] == "1"
             assert r.json()["error"]["code"] == "overloaded"
+            r = await client.post("/broken", content=b"{}")
+            events = [e for e in r.text.split("\n") if e.startswith("data: ")]
+            assert r.status_code == 200 and events[0] == "data: {}" and events[-1] == "data: [DONE]"
+            assert json.loads(events[1][6:])["error"]["code"] == "replica_unavailable"
             r = await client.get("/v1/models")
             assert r.status_code == 201 and calls[-1] == (None, [])
 

@@ -102,7 +102,8 @@ async def _stop(task: asyncio.Task[None], gone: asyncio.Event) -> None:
 class PrefixRecord:
     """The prefix hashes of requests this replica served, least recently used dropped first;
     reported to the router (`record_routing_stats`) as a sorted list, so the report changes
-    only when a hash comes or goes."""
+    only when a hash comes or goes. NOTE: a claim, not a promise: the engine may have evicted
+    that prefix since; routing on a stale claim costs a prefill, never a wrong answer."""
 
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity

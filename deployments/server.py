@@ -1,4 +1,5 @@
-"""LLMServer: the Serve deployment — an OpenAI FastAPI ingress around one AsyncEngine.
+"""LLMServer: the model deployment — the OpenAI FastAPI app around one AsyncEngine, served to
+OpenAIIngress (deployments/ingress.py) through `forward`.
 
 The engine is injected (`engine_factory`, an import path), so the same deployment runs under a
 real `serve.run` with a fake engine in tests. With tp_size > 1 the executor's TP workers land in

@@ -30,6 +30,8 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.asgi_forward import ForwardedRequest, Message
+from deployments.http_body import BodyTooLarge
+from deployments.http_body import read_body as read_limited
 from deployments.prefix_key import prefix_hashes
 
 log = logging.getLogger(__name__)
@@ -99,15 +101,10 @@ def authorized(request: Request, api_key: str | None) -> bool:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
-    return bytes(body)
+    try:
+        return await read_limited(request, limit)
+    except BodyTooLarge as exc:
+        raise _too_large(exc.limit) from None
 
 
 def _too_large(limit: int) -> Refused:

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.async_engine import AsyncEngine, EngineDead, EngineOverloaded
+from deployments.http_body import BodyTooLarge
+from deployments.http_body import read_body as read_limited
 from deployments.openai_format import Formatter, collect, with_deadline
 from deployments.openai_protocol import (
     APIError,
@@ -235,17 +237,11 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) as soon as it is known to exceed `limit`: from Content-Length
-    before anything is read, else while streaming, so an oversized body is never buffered."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
-    return bytes(body)
+    """The body under `limit` (deployments/http_body.py), else an OpenAI 413."""
+    try:
+        return await read_limited(request, limit)
+    except BodyTooLarge as exc:
+        raise _too_large(exc.limit) from None
 
 
 def _too_large(limit: int) -> APIError:

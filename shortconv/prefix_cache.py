@@ -40,7 +40,6 @@ class CacheEntry:
     slot: int | None = None  # checkpoint: the state after this entry's last token
     children: dict[tuple[int, ...], CacheEntry] = field(default_factory=dict)
     tails: dict[tuple[int, ...], CacheEntry] = field(default_factory=dict)
-    last_used: int = 0
     pins: int = 0  # sessions holding this checkpoint (evicted only after unpinned entries)
     is_tail: bool = False
 
@@ -90,7 +89,6 @@ class PrefixCache:
         self.counters = CacheCounters()
         self.num_checkpoints = 0
         self._held: dict[int, int] = {}  # page -> the tree's references to it
-        self._clock = 0
         # Every entry, least recently used first (a touch moves an entry and its ancestors to
         # the end), so eviction finds its victim near the front instead of walking the tree.
         self._order: OrderedDict[int, CacheEntry] = OrderedDict()
@@ -254,13 +252,11 @@ class PrefixCache:
             del self._held[page]
 
     def _touch(self, entry: CacheEntry) -> None:
-        self._clock += 1
         path: list[CacheEntry] = []
         node: CacheEntry | None = entry
         while node is not None and node is not self.root:
             path.append(node)
             node = node.parent
         for node in reversed(path):  # an ancestor is at least as recent as its descendants
-            node.last_used = self._clock
             self._order[id(node)] = node
             self._order.move_to_end(id(node))

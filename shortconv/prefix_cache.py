@@ -67,7 +67,6 @@ class CacheHit:
 
 @dataclass
 class CacheCounters:
-    queries: int = 0  # lookups
     query_tokens: int = 0  # prompt tokens looked up
     hit_tokens: int = 0  # prompt tokens resumed from the cache
     evictions: int = 0  # entries evicted (whole entries and checkpoint slots alike)

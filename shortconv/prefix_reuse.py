@@ -26,8 +26,8 @@ Copy = tuple[str, int, int]  # (request id, src, dst): kept only while its reque
 
 
 class PrefixReuse:
-    """Mixed into `Scheduler` (whose `_alloc_slot` and `_release` it uses); every method is a
-    no-op unless prefix caching is on."""
+    """Mixed into `Scheduler` (whose `_alloc_slot`, `_ensure_pages` and `_release` it uses);
+    every method is a no-op unless prefix caching is on."""
 
     cfg: SchedulerConfig
     cache: PrefixCache | None
@@ -53,24 +53,15 @@ class PrefixReuse:
             self._forget_resume(req)
             return None
         copies: tuple[Copy, ...] = ((req.request_id, hit.slot, req.slot),)
-        if hit.partial_page is not None:
-            page = self._alloc_page()
-            if page is None:
+        if hit.partial_page is not None:  # one fresh page for the copy of the partial one
+            if not self._ensure_pages(req, hit.num_tokens, evict=True):  # type: ignore[attr-defined]
                 self._forget_resume(req)
                 return None
-            req.pages.append(page)
-            copies += ((req.request_id, hit.partial_page, page),)
+            copies += ((req.request_id, hit.partial_page, req.pages[-1]),)
         req.num_computed = hit.num_tokens
         if not req.output_token_ids:
             req.num_cached_tokens = min(hit.num_tokens, len(req.prompt_token_ids))
         return copies
-
-    def _alloc_page(self) -> int | None:
-        assert self.cache is not None
-        got = self.pages.alloc(1)
-        while got is None and self.cache.evict("page"):
-            got = self.pages.alloc(1)
-        return got[0] if got else None
 
     def _forget_resume(self, req: Request) -> None:
         """Give back what a resume (or a failed admission) took; the request starts over."""
@@ -85,7 +76,6 @@ class PrefixReuse:
             return
         req.session_looked_up = True
         counters = self.cache.counters
-        counters.queries += 1
         counters.query_tokens += len(req.prompt_token_ids)
         counters.hit_tokens += req.num_cached_tokens
         if req.session_id is not None:
@@ -129,7 +119,8 @@ class PrefixReuse:
             return
         plen = len(req.prompt_token_ids)
         for q, slot in req.pending_ckpts:
-            entry = self.cache.insert(req.all_token_ids[:q], req.pages, slot)
+            # NOTE: checkpoints are at prompt positions only (q <= len(prompt)).
+            entry = self.cache.insert(req.prompt_token_ids[:q], req.pages, slot)
             if q == plen and req.session_id is not None:
                 req.prompt_entry = entry
         req.pending_ckpts.clear()

@@ -5,7 +5,7 @@
     PYTHONPATH=. python bench/decode_step.py --warmup   # GPU: compile the kernels, shallow models
     PYTHONPATH=. python bench/decode_step.py --dry-run  # import what the GPU run imports, exit
 
-Random weights at the real widths (shortconv.tools.random_stack); no checkpoint, no
+Random weights at the real widths (shortconv.tiny.random_stack); no checkpoint, no
 transformers, no Ray. Every row decodes one token at context `--context` from its own slot
 and pages. "eager" is the engine's eager step (resolve the plan, run the model); "graph" is
 GraphRunner.run (refresh the static buffers, snapshot the step's state, replay). Neither
@@ -35,11 +35,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shortconv.backend import ShortConvBackend  # noqa: E402
-from shortconv.config import EngineConfig  # noqa: E402
-from shortconv.graph_runner import GraphRunner  # noqa: E402
-from shortconv.plan import SeqChunk, StepPlan  # noqa: E402
-from shortconv.tools.random_stack import LFM2_350M, ZAYA1_BASE, build_random_stack  # noqa: E402
+from shortconv.configs.config import EngineConfig  # noqa: E402
+from shortconv.engine.plan import SeqChunk, StepPlan  # noqa: E402
+from shortconv.execution.backend import ShortConvBackend  # noqa: E402
+from shortconv.execution.graph_runner import GraphRunner  # noqa: E402
+from shortconv.tiny.random_stack import LFM2_350M, ZAYA1_BASE, build_random_stack  # noqa: E402
 
 TINY_LFM2: dict[str, Any] = {
     **LFM2_350M,

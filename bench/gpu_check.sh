@@ -72,7 +72,7 @@ stage() {
 env_probe() {
   "$PY" - <<'PYEOF'
 import importlib.util, torch, triton
-from shortconv.tools.hf_support import transformers_lacks
+from shortconv.configs.hf.availability import transformers_lacks
 cuda = torch.cuda.is_available()
 print("torch", torch.__version__, "triton", triton.__version__, "cuda", cuda,
       torch.cuda.get_device_name() if cuda else "")
@@ -100,7 +100,7 @@ warmup() {
 
 gpu_tests() {
   set -o pipefail  # NOTE: a stage runs in a fresh `bash -c`, which does not inherit it
-  local targets=(tests/gpu tests/test_conv1d_triton.py)
+  local targets=(tests/gpu tests/kernels/test_conv1d_triton.py)
   if [ "$DRY" = 1 ]; then
     "$PY" -m pytest -q --collect-only -m gpu -p no:cacheprovider -o addopts= "${targets[@]}" \
       | tail -n 3 || return 1

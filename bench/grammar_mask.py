@@ -27,12 +27,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shortconv import sampler as sampler_mod  # noqa: E402
-from shortconv.grammar import GrammarSpec  # noqa: E402
-from shortconv.grammar.runtime import GrammarRuntime  # noqa: E402
 from shortconv.llm import LLM  # noqa: E402
-from shortconv.sampling_params import SamplingParams  # noqa: E402
-from shortconv.tools.make_tiny import make_tiny_checkpoint  # noqa: E402
+from shortconv.sampling import sampler as sampler_mod  # noqa: E402
+from shortconv.sampling.grammar import GrammarSpec  # noqa: E402
+from shortconv.sampling.grammar.runtime import GrammarRuntime  # noqa: E402
+from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
+from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
 
 LONG = {
     "type": "array",

@@ -49,10 +49,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
+from shortconv.configs.hf.availability import transformers_lacks  # noqa: E402
 from shortconv.llm import LLM  # noqa: E402
-from shortconv.sampling_params import SamplingParams  # noqa: E402
-from shortconv.tools.hf_support import transformers_lacks  # noqa: E402
-from shortconv.tools.make_tiny import ARCH_MODEL_TYPES, make_tiny_checkpoint  # noqa: E402
+from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
+from shortconv.tiny.checkpoint import ARCH_MODEL_TYPES, make_tiny_checkpoint  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import Workload, make_workloads, next_turn, warmup_of  # noqa: E402
@@ -99,7 +99,7 @@ LFM2_MOE_SMALL = {  # LFM2-MoE layout (dense layer 0, 8 experts top-2) at ~60M t
 HF_TARGET = 5.0  # workload b, bf16 on a GPU: ours / transformers
 # NOTE: what a run imports beyond the top of this file (the executor, the GPU kernels, the
 # oracle); --dry-run imports exactly these (the kernels only with --device cuda).
-RUN_IMPORTS = ("workers.local_executor", "transformers", "shortconv.config")
+RUN_IMPORTS = ("workers.local_executor", "transformers", "shortconv.configs.config")
 CUDA_IMPORTS = (
     "triton",
     "shortconv.kernels.conv1d_triton",
@@ -234,7 +234,7 @@ def prepare_model(args: argparse.Namespace, tmp: str) -> tuple[Path, str]:
 
 
 def engine_kwargs(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    from shortconv.config import ModelConfig
+    from shortconv.configs.config import ModelConfig
 
     cfg = ModelConfig.from_dir(model_dir)
     kw: dict[str, Any] = {"max_num_seqs": 64, "max_model_len": min(cfg.max_model_len, 4096)}

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline import SHAPES, hf_generate, prepare_model  # noqa: E402
 
 from shortconv.llm import LLM  # noqa: E402
-from shortconv.sampling_params import SamplingParams  # noqa: E402
+from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 
 SIZES = {"full": (64, 1024, 64, 64), "quick": (8, 128, 8, 8)}  # requests, system, suffix, out
 

@@ -38,7 +38,7 @@ import offline  # noqa: E402
 
 from shortconv.layers import linear as linear_mod  # noqa: E402
 from shortconv.llm import LLM  # noqa: E402
-from shortconv.sampling_params import SamplingParams  # noqa: E402
+from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 
 
 class ForwardTimer:
@@ -96,7 +96,7 @@ def budget(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def make_llm(model_dir: Path, graphs: bool, args: argparse.Namespace, prepack: bool = True) -> LLM:
-    from shortconv.config import ModelConfig
+    from shortconv.configs.config import ModelConfig
 
     longest = budget(args)[1]
     if longest > ModelConfig.from_dir(model_dir).max_model_len:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import offline  # noqa: E402
 import profile_step  # noqa: E402
 
-from shortconv.config import ModelConfig  # noqa: E402
+from shortconv.configs.config import ModelConfig  # noqa: E402
 from shortconv.layers.linear import linear  # noqa: E402
 
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
-from shortconv.config import EngineConfig  # noqa: E402
-from shortconv.engine import LLMEngine  # noqa: E402
-from shortconv.executor import BaseExecutor  # noqa: E402
-from shortconv.plan import StepPlan, StepResult  # noqa: E402
-from shortconv.sampling_params import SamplingParams  # noqa: E402
-from shortconv.worker_spec import plan_worker_spec  # noqa: E402
+from shortconv.configs.config import EngineConfig  # noqa: E402
+from shortconv.engine.executor import BaseExecutor  # noqa: E402
+from shortconv.engine.llm_engine import LLMEngine  # noqa: E402
+from shortconv.engine.plan import StepPlan, StepResult  # noqa: E402
+from shortconv.execution.worker_spec import plan_worker_spec  # noqa: E402
+from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 
 TARGET_MS = 2.0
 
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="tpbench-") as tmp:
         model = args.model
         if model is None:
-            from shortconv.tools.make_tiny import make_tiny_checkpoint
+            from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
             model = make_tiny_checkpoint("lfm2", Path(tmp) / "lfm2", seed=0, with_tokenizer=False)
         # The floor first, before Ray's own processes compete for the cores; one torch thread,

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shortconv.config import EngineConfig
+from shortconv.configs.config import EngineConfig
 
 BatchSize = Annotated[int, Field(ge=1)]
 
@@ -15,7 +15,7 @@ class AppArgs(BaseModel):
     """Arguments of `deployments.app:build`.
 
     `model` is a checkpoint directory; when it is None the app serves a tiny random checkpoint
-    of `tiny_arch`, built by `shortconv.tools.make_tiny` on first start and cached.
+    of `tiny_arch`, built by `shortconv.tiny.checkpoint` on first start and cached.
     `seed` seeds the tiny checkpoint and the sampling of requests that bring no seed.
     `replica_num_cpus` is what Ray reserves for the LLMServer replica itself (TP workers get
     their own bundles when tp_size > 1).
@@ -31,7 +31,7 @@ class AppArgs(BaseModel):
     `enable_prefix_caching` reuses any earlier request's cached prefix (KV pages shared, state
     checkpointed every `prefix_checkpoint_interval` prompt tokens and at every end of prompt
     and of generation, in `num_checkpoint_slots` extra state slots); see
-    shortconv/prefix_cache.py.
+    shortconv/cache/prefix_cache.py.
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/app.py, so a YAML sets a `deployments:` entry only to override one of them.

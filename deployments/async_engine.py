@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from deployments.engine_types import Delta, EngineDead, EngineLike, EngineOverloaded
-from shortconv.outputs import RequestOutput
-from shortconv.sampling_params import SamplingParams
+from shortconv.engine.outputs import RequestOutput
+from shortconv.sampling.sampling_params import SamplingParams
 
 __all__ = ["AsyncEngine", "Delta", "EngineDead", "EngineLike", "EngineOverloaded"]
 

@@ -5,24 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shortconv.outputs import RequestOutput
-from shortconv.sampling_params import SamplingParams
+from shortconv.engine.outputs import RequestOutput
+from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from shortconv.cached_sessions import CachedSessions
-    from shortconv.graph_runner import GraphStats
-    from shortconv.metrics import MetricsRecorder
-    from shortconv.sessions import SessionStore
-    from shortconv.stats import EngineStats
+    from shortconv.cache.cached_sessions import CachedSessions
+    from shortconv.cache.sessions import SessionStore
+    from shortconv.engine.stats import EngineStats
+    from shortconv.execution.graph_runner import GraphStats
+    from shortconv.metrics.recorder import MetricsRecorder
 
 
 class EngineLike(Protocol):
-    """Everything of `shortconv.engine.LLMEngine` the Serve layer uses (a fake implements it);
-    deployments/ reaches no further into the engine than this."""
+    """Everything of `shortconv.engine.llm_engine.LLMEngine` the Serve layer uses (a fake
+    implements it); deployments/ reaches no further into the engine than this."""
 
     max_model_len: int
     tokenizer: Any
-    metrics: MetricsRecorder | None  # set by shortconv.metrics.attach_metrics
+    metrics: MetricsRecorder | None  # set by shortconv.metrics.recorder.attach_metrics
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
     def add_request(

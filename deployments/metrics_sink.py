@@ -18,8 +18,8 @@ from typing import Any
 
 from ray.serve import metrics as serve_metrics
 
-from shortconv.metric_defs import METRICS, Labels, MetricDef
-from shortconv.metrics import (
+from shortconv.metrics.defs import METRICS, Labels, MetricDef
+from shortconv.metrics.recorder import (
     BaseMetricsSink,
     MetricsRecorder,
     MetricsSource,

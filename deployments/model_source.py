@@ -25,8 +25,8 @@ def tiny_checkpoint(arch: str, seed: int, root: Path | None = None) -> Path:
     winner's. The name carries a hash of the generator's sources (its chat templates and tokenizer
     included), so a changed generator never reuses a stale cache.
     """
-    from shortconv import tokenizer
-    from shortconv.tools import make_tiny, tiny_templates
+    from shortconv.engine import tokenizer
+    from shortconv.tiny import make_tiny, tiny_templates
 
     root = root or cache_root()
     sources = (make_tiny, tiny_templates, tokenizer)

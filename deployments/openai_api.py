@@ -37,8 +37,8 @@ from deployments.openai_protocol import (
 from deployments.openai_tools import ToolPlan, chat_grammar, plan_tools
 from deployments.tool_parsers import parser_for_template
 from deployments.tool_stream import special_pattern
-from shortconv.grammar import GrammarError
-from shortconv.sampling_params import SamplingParams
+from shortconv.sampling.grammar import GrammarError
+from shortconv.sampling.sampling_params import SamplingParams
 
 # Ray Serve routes on this header (RAY_SERVE_SESSION_ID_HEADER_KEY, default x-session-id) and
 # compares it case-insensitively with '-' and '_' equivalent; the replica reads it the same way.

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from deployments.openai_errors import APIError
 from deployments.openai_structured import ResponseFormat
 from deployments.openai_tools import ToolCallIn, ToolChoice, ToolDef, history_tool_calls
-from shortconv.grammar import GrammarSpec
-from shortconv.sampling_params import SamplingParams
+from shortconv.sampling.grammar import GrammarSpec
+from shortconv.sampling.sampling_params import SamplingParams
 
 MAX_TOP_LOGPROBS = SamplingParams.MAX_LOGPROBS
 MAX_STOP_TOKEN_IDS = 64

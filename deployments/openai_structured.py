@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.openai_errors import APIError
-from shortconv.grammar import GrammarSpec
-from shortconv.grammar.schema_check import find_unsupported
+from shortconv.sampling.grammar import GrammarSpec
+from shortconv.sampling.grammar.schema_check import find_unsupported
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for schema and function names
@@ -46,7 +46,7 @@ class ResponseFormat(BaseModel):
 
 def check_json_schema(schema: Any, param: str) -> None:
     """400 naming the spot: not a valid JSON schema (Draft 2020-12), or a construct the grammar
-    cannot enforce (shortconv.grammar.schema_check)."""
+    cannot enforce (shortconv.sampling.grammar.schema_check)."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 

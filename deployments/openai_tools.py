@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from deployments.openai_errors import APIError
 from deployments.openai_structured import NAME_PATTERN, ResponseFormat, check_json_schema
 from deployments.tool_parsers import BaseToolParser, Parsed, ParsedCall
-from shortconv.grammar import GrammarSpec
+from shortconv.sampling.grammar import GrammarSpec
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}

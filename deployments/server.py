@@ -27,14 +27,15 @@ from deployments.model_source import resolve_model, served_model_name
 from deployments.openai_api import ApiConfig, build_openai_app, resolve_api_key
 
 if TYPE_CHECKING:
-    from shortconv.engine import LLMEngine
+    from shortconv.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
 MAX_RECORDED_PREFIXES = 4096  # prefix hashes a replica reports (a few KiB in its stats)
 RESET_PREFIX_CACHE_PATH = "/v1/internal/reset_prefix_cache"
 
-# Test hook (tests/test_serve_metrics.py): N > 0 makes the first N decode-graph replays of a
+# Test hook (tests/deployments/test_serve_metrics.py):
+# N > 0 makes the first N decode-graph replays of a
 # tp_size=1 replica raise after the forward, so a forced replay failure can be observed end to
 # end (state restored, the step recomputed eagerly and counted). Never set it in production.
 FAIL_REPLAYS_ENV = "SHORTCONV_TEST_FAIL_REPLAYS"
@@ -66,7 +67,7 @@ def install_test_faults(engine: LLMEngine) -> None:
 
 def build_engine(args: AppArgs) -> EngineLike:
     """The real engine (the default `engine_factory`)."""
-    from shortconv.config import EngineConfig
+    from shortconv.configs.config import EngineConfig
     from shortconv.llm import build_engine as build_llm_engine
 
     model_dir = resolve_model(args)

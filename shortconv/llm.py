@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from shortconv.config import EngineConfig
-from shortconv.engine import LLMEngine
-from shortconv.executor import BaseExecutor
-from shortconv.outputs import RequestOutput
-from shortconv.sampling_params import SamplingParams
-from shortconv.worker_spec import WorkerSpec, plan_worker_spec
+from shortconv.configs.config import EngineConfig
+from shortconv.engine.executor import BaseExecutor
+from shortconv.engine.llm_engine import LLMEngine
+from shortconv.engine.outputs import RequestOutput
+from shortconv.execution.worker_spec import WorkerSpec, plan_worker_spec
+from shortconv.sampling.sampling_params import SamplingParams
 
 
 def build_executor(spec: WorkerSpec, tp_size: int = 1, **ray_options: object) -> BaseExecutor:

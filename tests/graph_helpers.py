@@ -8,16 +8,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from shortconv.config import EngineConfig, ModelConfig
-from shortconv.graph_runner import GraphRunner
-from shortconv.parallel import SINGLE
-from shortconv.plan import SeqChunk, StepPlan
-from shortconv.runner import ModelRunner
-from shortconv.sampler import SamplingRow
-from shortconv.sampling_params import SamplingParams
-from shortconv.step_tensors import StepTensors, build_step_tensors
-from shortconv.tools.hf_support import transformers_lacks
-from shortconv.worker_spec import Capacity, WorkerSpec
+from shortconv.configs.config import EngineConfig, ModelConfig
+from shortconv.configs.hf.availability import transformers_lacks
+from shortconv.engine.plan import SeqChunk, StepPlan
+from shortconv.execution.graph_runner import GraphRunner
+from shortconv.execution.parallel import SINGLE
+from shortconv.execution.runner import ModelRunner
+from shortconv.execution.step_tensors import StepTensors, build_step_tensors
+from shortconv.execution.worker_spec import Capacity, WorkerSpec
+from shortconv.sampling.sampler import SamplingRow
+from shortconv.sampling.sampling_params import SamplingParams
 
 PAGE = 4
 PAGES_PER_SEQ = 24  # 96 positions

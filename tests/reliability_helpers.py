@@ -1,4 +1,5 @@
-"""Shared by tests/test_reliability_*.py: a private Ray + Serve instance on loopback ports, SSE
+"""Shared by tests/deployments/test_reliability_*.py:
+a private Ray + Serve instance on loopback ports, SSE
 parsing, per-replica stats, and the fault-injecting engine factory the fault tests deploy.
 
 The factory is imported inside the replica as `tests.reliability_helpers:faulty_engine` (Ray puts
@@ -132,7 +133,7 @@ def faulty_engine(args: Any) -> Any:
     """The real engine with test-only faults keyed on the request's seed, a small KV pool (so
     decode growth preempts), and every preemption logged to $SCSV_FAULT_LOG."""
     from deployments.model_source import resolve_model
-    from shortconv.config import EngineConfig
+    from shortconv.configs.config import EngineConfig
     from shortconv.llm import build_engine
 
     cfg = EngineConfig(

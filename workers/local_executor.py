@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shortconv.executor import BaseExecutor, ExecutorError
-from shortconv.graph_runner import GraphStats
-from shortconv.parallel import SINGLE
-from shortconv.plan import StepPlan, StepResult
-from shortconv.runner import ModelRunner
-from shortconv.worker_spec import WorkerSpec
+from shortconv.engine.executor import BaseExecutor, ExecutorError
+from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.execution.graph_runner import GraphStats
+from shortconv.execution.parallel import SINGLE
+from shortconv.execution.runner import ModelRunner
+from shortconv.execution.worker_spec import WorkerSpec
 
 
 class LocalExecutor(BaseExecutor):

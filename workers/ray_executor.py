@@ -11,13 +11,13 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from shortconv.config import ConfigError, EngineConfig, ModelConfig
-from shortconv.executor import BaseExecutor, ExecutorError
+from shortconv.configs.config import ConfigError, EngineConfig, ModelConfig
+from shortconv.configs.support import check_support
+from shortconv.engine.executor import BaseExecutor, ExecutorError
+from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.models.registry import model_class
-from shortconv.parallel import ParallelContext
-from shortconv.plan import StepPlan, StepResult
-from shortconv.support import check_support
-from shortconv.worker_spec import WorkerSpec
 from workers.ray_runtime import acquire_runtime, release_runtime
 from workers.step_dispatch import (
     ActorCallDispatch,

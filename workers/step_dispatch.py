@@ -16,8 +16,8 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-from shortconv.executor import ExecutorError
-from shortconv.plan import StepPlan, StepResult
+from shortconv.engine.executor import ExecutorError
+from shortconv.engine.plan import StepPlan, StepResult
 
 
 def describe(exc: BaseException, rank: int | None = None) -> str:

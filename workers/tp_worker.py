@@ -9,10 +9,10 @@ from dataclasses import replace
 import ray
 import torch.distributed as dist
 
-from shortconv.parallel import ParallelContext
-from shortconv.plan import StepPlan, StepResult
-from shortconv.runner import ModelRunner
-from shortconv.worker_spec import WorkerSpec
+from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.runner import ModelRunner
+from shortconv.execution.worker_spec import WorkerSpec
 from workers.dist_init import destroy_distributed, free_port, init_distributed, local_device
 
 # Per-step compute times kept for benchmarks; bounded so a long-running server never grows it.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from shortconv.step_tensors import StepScratch, StepTensors
+from shortconv.execution.step_tensors import StepScratch, StepTensors
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shortconv.step_tensors import StepTensors
+from shortconv.execution.step_tensors import StepTensors
 
 
 def write_kv_ref(

@@ -18,6 +18,7 @@ from types import ModuleType
 
 import torch
 
+from shortconv.execution.step_tensors import StepScratch, StepTensors
 from shortconv.kernels.attention_cpu import paged_attention_cpu
 from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
 from shortconv.kernels.cca_cpu import cca_conv_update_cpu, cca_prev_value_update_cpu
@@ -30,7 +31,6 @@ from shortconv.kernels.cca_ref import (
 from shortconv.kernels.conv1d_cpu import causal_conv1d_update_cpu
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
 from shortconv.kernels.moe_ref import fused_moe_ref
-from shortconv.step_tensors import StepScratch, StepTensors
 
 ENV_VAR = "SHORTCONV_KERNELS"
 _BACKENDS = ("torch", "triton")

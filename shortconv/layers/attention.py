@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shortconv.backend import BaseStateBackend
-from shortconv.config import ModelConfig
-from shortconv.head_shard import head_shard
+from shortconv.configs.config import ModelConfig
+from shortconv.execution.backend import BaseStateBackend
+from shortconv.execution.head_shard import head_shard
+from shortconv.execution.parallel import ParallelContext
 from shortconv.kernels import paged_attention, write_kv
 from shortconv.layers.linear import ColumnParallelLinear, ColumnSliceLinear, RowParallelLinear
 from shortconv.layers.norm import RMSNorm
 from shortconv.layers.rotary import RotaryEmbedding
-from shortconv.parallel import ParallelContext
 
 
 class Lfm2Attention(nn.Module):

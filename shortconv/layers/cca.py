@@ -2,7 +2,8 @@
 
 Tensor parallelism. ZAYA1's value vector is [current-token ‖ previous-token] channels
 (Hk*d/2 each) viewed as Hk heads, and query head j attends with KV head j // (Hq/Hk). Heads are
-split as attention sees them (shortconv.head_shard): rank r holds a contiguous block of query
+split as attention sees them (shortconv.execution.head_shard):
+rank r holds a contiguous block of query
 heads and the KV heads they use, so at tp 2 on 2 KV heads rank 0 holds the current-token head
 and rank 1 the previous-token head, each with its 4 query heads. A rank's value channels are
 thus all current-token, all previous-token, or (a head straddling the middle) both:
@@ -19,9 +20,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shortconv.backend import BaseStateBackend, ShortConvMetadata
-from shortconv.config import ModelConfig
-from shortconv.head_shard import HeadShard, head_shard
+from shortconv.configs.config import ModelConfig
+from shortconv.execution.backend import BaseStateBackend, ShortConvMetadata
+from shortconv.execution.head_shard import HeadShard, head_shard
+from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.state_checkpoints import checkpoint_state
 from shortconv.kernels import (
     cca_conv_fn,
     cca_conv_update,
@@ -36,8 +39,6 @@ from shortconv.layers.linear import (
     mark_rows,
 )
 from shortconv.layers.rotary import RotaryEmbedding
-from shortconv.parallel import ParallelContext
-from shortconv.state_checkpoints import checkpoint_state
 
 
 def _heads(cfg: ModelConfig, tp: ParallelContext) -> HeadShard:

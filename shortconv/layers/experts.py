@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shortconv.execution.parallel import ParallelContext
 from shortconv.kernels import fused_moe, resolve_backend
 from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.linear import linear, mark_shard
-from shortconv.parallel import ParallelContext
 
 # When the experts run as two batched matmuls over a padded [E, rows, H] layout instead of a
 # loop over the experts that have tokens: with at most PADDED_MAX_ROWS tokens on any expert

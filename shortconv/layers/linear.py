@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.shard import load_shard_, mark_rows, mark_shard
-from shortconv.parallel import ParallelContext
 
 __all__ = [
     "ColumnParallelLinear",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, silu_mul
-from shortconv.parallel import ParallelContext
 
 
 class SwiGLU(nn.Module):

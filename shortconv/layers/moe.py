@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortconv.config import ModelConfig
+from shortconv.configs.config import ModelConfig
+from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.experts import FusedExperts
 from shortconv.layers.linear import mark_shard
-from shortconv.parallel import ParallelContext
 
 
 class SigmoidTopKMoE(nn.Module):

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from shortconv.errors import CheckpointError
-from shortconv.parallel import ParallelContext
+from shortconv.execution.parallel import ParallelContext
 
 
 def mark_shard(param: nn.Parameter, dim: int | None, parts: int = 1) -> nn.Parameter:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shortconv.backend import BaseStateBackend
-from shortconv.config import ModelConfig
+from shortconv.configs.config import ModelConfig
+from shortconv.execution.backend import BaseStateBackend
+from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.state_checkpoints import checkpoint_state
 from shortconv.kernels import causal_conv1d_fn, causal_conv1d_update
 from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, mark_shard
-from shortconv.parallel import ParallelContext
-from shortconv.state_checkpoints import checkpoint_state
 
 
 class ShortConv(nn.Module):

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.linear import Packable, linear, mark_shard
-from shortconv.parallel import ParallelContext
 
 
 class VocabEmbedding(nn.Module):

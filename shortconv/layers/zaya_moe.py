@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortconv.config import ConfigError, ModelConfig
-from shortconv.hf_configs.zaya1 import EXPERT_ACTIVATION_NAMES, expert_activation_name
+from shortconv.configs.config import ConfigError, ModelConfig
+from shortconv.configs.hf.zaya1 import EXPERT_ACTIVATION_NAMES, expert_activation_name
+from shortconv.execution.parallel import ParallelContext
 from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.experts import FusedExperts
 from shortconv.layers.linear import ReplicatedLinear, mark_shard
 from shortconv.layers.norm import RMSNorm
-from shortconv.parallel import ParallelContext
 
 EXPERT_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     hf: ACTIVATIONS[kernel] for hf, kernel in EXPERT_ACTIVATION_NAMES.items()

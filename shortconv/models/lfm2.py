@@ -7,9 +7,11 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from shortconv.backend import BaseStateBackend
-from shortconv.config import EngineConfig, ModelConfig
-from shortconv.head_shard import head_shard
+from shortconv.cache.state_pool import KVSpec, StateSpec
+from shortconv.configs.config import EngineConfig, ModelConfig
+from shortconv.execution.backend import BaseStateBackend
+from shortconv.execution.head_shard import head_shard
+from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.attention import Lfm2Attention
 from shortconv.layers.mlp import SwiGLU
 from shortconv.layers.moe import SigmoidTopKMoE
@@ -18,8 +20,6 @@ from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.layers.short_conv import ShortConv
 from shortconv.layers.vocab import LMHead, VocabEmbedding
 from shortconv.models.weights import WeightLoader
-from shortconv.parallel import ParallelContext
-from shortconv.state_pool import KVSpec, StateSpec
 
 
 class Lfm2Layer(nn.Module):

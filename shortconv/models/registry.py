@@ -1,8 +1,8 @@
-"""Architecture registry: the model class of each arch (config parsing is shortconv.hf_configs)."""
+"""Architecture registry: the model class of each arch (config parsing is shortconv.configs.hf)."""
 
 from __future__ import annotations
 
-from shortconv.config import ConfigError
+from shortconv.configs.config import ConfigError
 
 
 def model_class(arch: str) -> type:

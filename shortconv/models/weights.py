@@ -9,9 +9,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from shortconv.config import CheckpointError
+from shortconv.configs.config import CheckpointError
+from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.linear import load_shard_
-from shortconv.parallel import ParallelContext
 
 # Per-expert layout (original LFM2-MoE release): experts.{e}.w1/w3/w2.weight → fused tensors.
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<w>w1|w2|w3)\.weight$")

@@ -13,10 +13,12 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from shortconv.backend import BaseStateBackend
-from shortconv.config import EngineConfig, ModelConfig
-from shortconv.head_shard import head_shard
-from shortconv.hf_configs.zaya1 import CONVERTER_HINT
+from shortconv.cache.state_pool import KVSpec, StateSpec
+from shortconv.configs.config import EngineConfig, ModelConfig
+from shortconv.configs.hf.zaya1 import CONVERTER_HINT
+from shortconv.execution.backend import BaseStateBackend
+from shortconv.execution.head_shard import head_shard
+from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.cca import CCAAttention, cca_state_dims
 from shortconv.layers.linear import mark_shard
 from shortconv.layers.norm import RMSNorm
@@ -24,8 +26,6 @@ from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.layers.vocab import LMHead, VocabEmbedding
 from shortconv.layers.zaya_moe import ZayaMoE
 from shortconv.models.weights import CheckpointError, WeightLoader
-from shortconv.parallel import ParallelContext
-from shortconv.state_pool import KVSpec, StateSpec
 
 __all__ = ["ZayaForCausalLM"]
 

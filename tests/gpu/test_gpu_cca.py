@@ -1,10 +1,10 @@
 """Compiled Triton CCA conv kernels (ZAYA1) against the torch reference at GPU model shapes.
 
 Fixture-free like test_gpu_kernels.py, so a GPU check script can call these functions without
-pytest. The interpreted twins of these checks are tests/test_cca_triton.py.
+pytest. The interpreted twins of these checks are tests/kernels/test_cca_triton.py.
 
 Greedy tokens, Triton vs our torch reference, are compared twice: on a random stack (no
-transformers needed; tests/test_gpu_cca_cpu.py runs the same check on CPU under the Triton
+transformers needed; tests/execution/test_gpu_cca_cpu.py runs the same check on CPU under the Triton
 interpreter), and through `LLM` on a checkpoint written by transformers, skipped where the
 installed transformers has no `zaya` model type (the GPU machine's 5.17 may not).
 """
@@ -18,8 +18,8 @@ import pytest
 import torch
 from graph_helpers import NUM_SEQS, PAGES_PER_SEQ, Seqs, engine_config
 
-from shortconv.tools.hf_support import transformers_lacks
-from shortconv.tools.random_stack import build_random_stack
+from shortconv.configs.hf.availability import transformers_lacks
+from shortconv.tiny.random_stack import build_random_stack
 
 pytestmark = [
     pytest.mark.gpu,
@@ -209,7 +209,7 @@ def test_zaya1_greedy_tokens_same_on_cuda():
     if reason is not None:
         pytest.skip(f"{reason}; compared on a random stack instead (test above)")
     from shortconv import LLM, SamplingParams
-    from shortconv.tools.make_tiny import make_tiny_checkpoint
+    from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     prompts = [[5, 9, 13, 200, 7], [42, 3], list(range(30, 70))]

@@ -2,7 +2,8 @@
 replay is restored and recomputed. Random weights at small real-ish widths (no checkpoint).
 
 Fixture-free on purpose: bench/gpu_check.sh can run these functions without pytest. The checks
-take the device and configs as arguments, so tests/test_gpu_graphs_cpu.py runs the same code on
+take the device and configs as arguments, so tests/execution/test_gpu_graphs_cpu.py
+runs the same code on
 CPU at tiny widths (there a "replay" is the captured forward run eagerly on the static buffers).
 """
 
@@ -27,8 +28,8 @@ from graph_helpers import (
     zaya_skip_reason,
 )
 
-from shortconv.graph_runner import GraphRunner
-from shortconv.tools.random_stack import RandomStack, build_random_stack
+from shortconv.execution.graph_runner import GraphRunner
+from shortconv.tiny.random_stack import RandomStack, build_random_stack
 
 pytestmark = pytest.mark.gpu
 

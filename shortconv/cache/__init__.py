@@ -1,0 +1,1 @@
+"""Caches: the state pool, slot/page allocators, prefix cache and session pins."""

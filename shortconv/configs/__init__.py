@@ -1,0 +1,1 @@
+"""Configuration: model and engine configs, transformers config reading, support."""

@@ -1,0 +1,181 @@
+"""Model and engine configuration, parsed once from a Hugging Face `config.json`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shortconv.configs.hf import model_fields, resolve_arch
+from shortconv.errors import CheckpointError, ConfigError
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "EngineConfig",
+    "ModelConfig",
+    "resolve_arch",
+    "resolve_dtype",
+]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture facts the engine needs; every field is resolved (no HF defaults left)."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    layer_types: tuple[str, ...]  # "conv" | "attention" (LFM2) or "cca" (ZAYA1), per layer
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rotary_dim: int
+    norm_eps: float
+    max_model_len: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    # Short conv (LFM2 / LFM2-MoE).
+    conv_width: int = 0
+    conv_bias: bool = False
+    # MoE (LFM2-MoE and ZAYA1).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_dense_layers: int = 0
+    use_expert_bias: bool = False
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    # ZAYA1 CCA.
+    cca_time0: int = 0
+    cca_time1: int = 0
+    router_hidden_size: int = 0
+    attention_bias: bool = False
+    lm_head_bias: bool = False
+    hidden_act: str = "silu"
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def attention_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t in ("attention", "cca"))
+
+    @property
+    def conv_layer_ids(self) -> tuple[int, ...]:
+        """Layers that own a slot in the conv-state pool (LFM2 conv layers, ZAYA1 CCA layers)."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t in ("conv", "cca"))
+
+    @staticmethod
+    def from_dir(model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"no config.json in {model_dir!s}: not a Hugging Face checkpoint")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+        return ModelConfig.from_hf_dict(raw)
+
+    @staticmethod
+    def from_hf_dict(raw: dict[str, Any]) -> ModelConfig:
+        """Read through the architecture's transformers config class (see shortconv.configs.hf)."""
+        return ModelConfig(**model_fields(raw), raw=raw)
+
+
+def resolve_dtype(dtype: str | torch.dtype, raw: dict[str, Any] | None = None) -> torch.dtype:
+    """`auto` takes the checkpoint's `torch_dtype`/`dtype` (float32 when absent)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        found = (raw or {}).get("dtype") or (raw or {}).get("torch_dtype") or "float32"
+        return _DTYPES.get(str(found), torch.float32)
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Capacity and scheduling knobs of one engine (one replica)."""
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    num_state_slots: int = 0  # 0: max_num_seqs + 1 scratch + spare slots for session checkpoints
+    kv_page_size: int = 16
+    num_kv_pages: int = 0  # 0: enough for max_num_seqs full-length sequences, capped by memory
+    max_model_len: int = 0  # 0: the model's max_position_embeddings
+    kv_cache_bytes: int = 1 << 30  # cap on KV pages when num_kv_pages is 0
+    # None: graph-captured decode on CUDA only. On CPU a "replay" is the same eager forward on
+    # static buffers padded to a (batch, context) bucket, plus a per-step state snapshot, and MoE
+    # runs every expert: measured 1.3x slower per decode step (bench/RESULTS.md, CPU results).
+    enable_graphs: bool | None = None
+    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    # Decode contexts (tokens) the captured graphs cover on the torch attention path, each
+    # capped at max_model_len; longer contexts decode eagerly. The Triton path ignores it (one
+    # bucket, max_model_len). See shortconv.execution.graph_runner for why context is bucketed.
+    graph_context_sizes: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+    # CPU fp32: keep a oneDNN-blocked copy of every large linear weight (about the weights'
+    # size again in memory) for batches of 8+ rows, where it measured 5-40% faster per GEMM.
+    prepack_cpu_weights: bool = True
+    # Automatic prefix caching (shortconv.cache.prefix_cache):
+    # KV pages shared by reference, recurrent
+    # state checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64 rounded up to
+    # whole pages; a multiple of kv_page_size) and at every end of prompt and of generation, in
+    # `num_checkpoint_slots` extra state slots (0: 8 per max_num_seqs).
+    enable_prefix_caching: bool = True
+    prefix_checkpoint_interval: int = 0
+    num_checkpoint_slots: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.kv_page_size < 1:
+            raise ConfigError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
+        interval = self.prefix_checkpoint_interval
+        if interval < 0 or interval % self.kv_page_size:
+            raise ConfigError(
+                f"prefix_checkpoint_interval must be 0 (auto) or a positive multiple of "
+                f"kv_page_size={self.kv_page_size}, got {interval}"
+            )
+        if self.num_checkpoint_slots < 0:
+            raise ConfigError(f"num_checkpoint_slots must be >= 0, got {self.num_checkpoint_slots}")
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """Tokens between a prompt's state checkpoints (whole KV pages)."""
+        if self.prefix_checkpoint_interval:
+            return self.prefix_checkpoint_interval
+        return -(-64 // self.kv_page_size) * self.kv_page_size
+
+    @property
+    def checkpoint_slots(self) -> int:
+        """State slots reserved for prefix-cache checkpoints (0 with caching off)."""
+        if not self.enable_prefix_caching:
+            return 0
+        return self.num_checkpoint_slots or 8 * self.max_num_seqs
+
+    def graphs_enabled(self, device: torch.device) -> bool:
+        """`enable_graphs`, with None resolved for `device` (on for CUDA only)."""
+        if self.enable_graphs is None:
+            return device.type == "cuda"
+        return self.enable_graphs

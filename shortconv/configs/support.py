@@ -1,0 +1,39 @@
+"""Support registry: every (architecture x device x feature) is served or refused at start-up."""
+
+from __future__ import annotations
+
+import torch
+
+from shortconv.configs.config import ConfigError, ModelConfig
+from shortconv.execution.head_shard import head_shard
+
+# arch -> device types with a short-conv backend.
+SUPPORTED_DEVICES: dict[str, frozenset[str]] = {
+    "lfm2": frozenset({"cpu", "cuda"}),
+    "lfm2_moe": frozenset({"cpu", "cuda"}),
+    "zaya1": frozenset({"cpu", "cuda"}),
+}
+
+
+def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
+    """Raise ConfigError naming the unsupported combination; never fail later mid-request."""
+    devices = SUPPORTED_DEVICES.get(cfg.arch)
+    if devices is None:
+        raise ConfigError(f"architecture {cfg.arch!r} has no backend")
+    if device.type not in devices:
+        raise ConfigError(
+            f"{cfg.arch} has no short-conv backend for device {device.type!r}; "
+            f"supported: {', '.join(sorted(devices))}"
+        )
+    if tp_size < 1:
+        raise ConfigError(f"tp_size must be >= 1, got {tp_size}")
+    head_shard(cfg.num_heads, cfg.num_kv_heads, tp_size)  # refuses heads that cannot split
+    dims = {"vocab_size": cfg.vocab_size}
+    if cfg.arch in ("lfm2", "lfm2_moe"):
+        dims["conv channels (hidden_size)"] = cfg.hidden_size
+        dims["intermediate_size"] = cfg.intermediate_size
+    if cfg.num_experts:
+        dims["expert intermediate size (moe_intermediate_size)"] = cfg.moe_intermediate_size
+    for what, n in dims.items():
+        if n % tp_size:
+            raise ConfigError(f"tp_size={tp_size} does not divide {what} = {n}")

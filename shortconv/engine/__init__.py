@@ -1,0 +1,1 @@
+"""Scheduling: the engine loop, scheduler, requests, step plans and outputs."""

@@ -1,0 +1,42 @@
+"""Executor boundary: the engine hands a StepPlan to every rank and gets rank 0's result back."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from shortconv.engine.plan import StepPlan, StepResult
+
+if TYPE_CHECKING:
+    from shortconv.execution.graph_runner import GraphStats
+
+
+class ExecutorError(RuntimeError):
+    """A worker failed or died; the engine fails the step's requests with this message."""
+
+
+class BaseExecutor(ABC):
+    tp_size: int = 1
+
+    @abstractmethod
+    def execute(self, plan: StepPlan) -> StepResult: ...
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise ExecutorError when a worker is gone."""
+
+    @abstractmethod
+    def shutdown(self) -> None: ...
+
+    def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+        """Per rank: the shapes of its state tensors (tests assert each rank holds a shard)."""
+        return []
+
+    def graph_stats(self) -> GraphStats | None:
+        """The graph runner's counters where it runs in this process; None otherwise."""
+        return None
+
+    def set_graph_fault_hook(self, hook: Callable[[str], None]) -> bool:
+        """Install a test fault hook on an in-process graph runner; False where there is none."""
+        return False

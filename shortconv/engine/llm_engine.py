@@ -1,0 +1,312 @@
+"""LLMEngine: tokenizer + scheduler + executor, stepped by the caller (sync; no Ray imports)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+from shortconv.cache.allocators import PageAllocator, SlotAllocator
+from shortconv.cache.cached_sessions import CachedSessions
+from shortconv.cache.sessions import SessionStore
+from shortconv.configs.config import ModelConfig
+from shortconv.engine.executor import BaseExecutor, ExecutorError
+from shortconv.engine.outputs import RequestOutput
+from shortconv.engine.request import Request
+from shortconv.engine.scheduler import Scheduler, SchedulerConfig
+from shortconv.engine.stats import EngineStats
+from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from shortconv.execution.graph_runner import GraphStats
+from shortconv.execution.worker_spec import WorkerSpec
+from shortconv.metrics.recorder import MetricsRecorder
+from shortconv.sampling.grammar.runtime import GrammarRuntime
+from shortconv.sampling.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """Scheduler + tokenizer over an executor it is given (the facade, `shortconv.llm`,
+    picks the executor; the engine never names one)."""
+
+    def __init__(self, spec: WorkerSpec, executor: BaseExecutor, seed: int = 0) -> None:
+        self.spec = spec
+        self.model_dir, self.model_cfg = spec.model_dir, spec.model_cfg
+        self.engine_cfg = spec.engine_cfg
+        self.dtype, self.device, self.capacity = spec.dtype, spec.device, spec.capacity
+        self.max_model_len = spec.max_model_len
+        self.tokenizer = Tokenizer.load(self.model_dir)
+        self.seed = seed
+        self._ids = itertools.count()
+        self.executor = executor
+        eng = self.engine_cfg
+        eos = set(self.model_cfg.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                eng.max_num_seqs,
+                eng.max_num_batched_tokens,
+                self.max_model_len,
+                eng.kv_page_size,
+                tuple(sorted(eos)),
+                enable_prefix_caching=eng.enable_prefix_caching,
+                checkpoint_interval=eng.checkpoint_interval,
+            ),
+            SlotAllocator(self.capacity.num_slots),
+            PageAllocator(self.capacity.num_pages),
+        )
+        hf = self.tokenizer.hf if self.tokenizer is not None else None
+        self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
+        self._outputs: dict[str, RequestOutput] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._counts = {"prompt": 0, "generation": 0, "cached": 0}
+        self._finished: dict[str, int] = {}
+        extra = _extra_state(self.model_cfg)
+        self._pools = ("conv",) + ((extra,) if extra else ())
+        self.checkpoint_bytes = _bytes_per_slot(spec)  # one checkpoint, whole model
+        # Set by shortconv.metrics.recorder.attach_metrics; None: no metrics work at all.
+        self.metrics: MetricsRecorder | None = None
+
+    # ---- requests -----------------------------------------------------------------------
+    def encode_prompt(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError(
+                f"{self.model_dir} has no tokenizer files: pass prompt_token_ids instead of text"
+            )
+        return self.tokenizer.encode(prompt)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty: at least one token is required")
+        vocab = self.model_cfg.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_token_ids)} tokens but the maximum model length is "
+                f"{self.max_model_len} (including at least one generated token)"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this checkpoint has none")
+        if params.grammar is not None:
+            self.grammars.check(params.grammar)  # GrammarError (a ValueError) naming the field
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        session_id: str | None = None,
+    ) -> str:
+        """Queue a request. With `session_id`, state is kept after it finishes and the
+        session's next turn resumes from it when its prompt extends this one's tokens."""
+        prompt_token_ids = list(prompt_token_ids)
+        self.validate(prompt_token_ids, params)
+        n = next(self._ids)
+        rid = request_id if request_id is not None else f"req-{n}"
+        seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)
+        self.scheduler.add(Request(rid, prompt_token_ids, params, seed, session_id=session_id))
+        self._outputs[rid] = RequestOutput(
+            rid,
+            prompt_token_ids,
+            logprobs=[] if params.logprobs is not None else None,
+            top_logprobs=[] if params.logprobs else None,
+        )
+        if self.tokenizer is not None:
+            self._detok[rid] = IncrementalDetokenizer(
+                self.tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens
+            )
+        if self.metrics is not None:
+            self.metrics.request_added(rid)
+        return rid
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self.scheduler.abort(request_id)
+        out = self._outputs.pop(request_id, None)
+        self._detok.pop(request_id, None)
+        if out is not None and req is not None:
+            out.finish_reason = req.finish_reason or "abort"
+            self._count_finished(out.finish_reason)
+        if self.metrics is not None:  # refreshed now: an idle engine may run no further step
+            self.metrics.request_dropped(request_id)
+        self.refresh_metrics()
+        return out
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- stepping -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return []
+        plan, dead = self.grammars.attach(plan, self.scheduler.requests)
+        outs = [self._fail_request(self.scheduler.requests[rid], why) for rid, why in dead.items()]
+        try:
+            result = self.executor.execute(plan) if plan.seqs else None
+        except ExecutorError as exc:
+            outs += self._fail_all(str(exc))
+        else:
+            updated = self.scheduler.update(plan, result) if result is not None else []
+            outs += [self._emit_or_fail(req) for req in updated]
+        if self.metrics is not None:
+            self.metrics.step_done(self.stats(), plan, outs, time.perf_counter() - start)
+        return outs
+
+    def _emit_or_fail(self, req: Request) -> RequestOutput:
+        """`_emit`; a host-side failure of one request (detokenizer, stop strings) fails that
+        request alone, freeing its slot and pages, and the rest of the batch goes on."""
+        try:
+            return self._emit(req)
+        except Exception as exc:
+            log.exception("request %s failed", req.request_id)
+            return self._fail_request(req, f"{type(exc).__name__}: {exc}")
+
+    def _fail_request(self, req: Request, message: str) -> RequestOutput:
+        """End one request with an error, freeing its slot and pages."""
+        if not req.finished:
+            self.scheduler.finish(req, "error")
+        out = self._outputs.pop(req.request_id, None)
+        out = out or RequestOutput(req.request_id, list(req.prompt_token_ids))
+        self._detok.pop(req.request_id, None)
+        self.grammars.release(req.request_id)
+        out.finish_reason, out.error = "error", message
+        self._count_finished("error")
+        return out
+
+    def _emit(self, req: Request) -> RequestOutput:
+        out = self._outputs[req.request_id]
+        if not out.token_ids:  # first token: the prompt is done
+            self._counts["prompt"] += len(req.prompt_token_ids)
+            self._counts["cached"] += req.num_cached_tokens
+        self._counts["generation"] += 1
+        out.num_cached_tokens = req.num_cached_tokens
+        tok = req.output_token_ids[-1]
+        if self.grammars.accept(req.request_id, tok, req.finished) and not req.finished:
+            self.scheduler.finish(req, "stop")  # the grammar is complete (ignore_eos too)
+        out.new_token_ids = [tok]
+        out.token_ids.append(tok)
+        if out.logprobs is not None:
+            out.logprobs.append(req.output_logprobs[-1])
+        if out.top_logprobs is not None:
+            out.top_logprobs.append(req.output_top_logprobs[-1])
+        detok = self._detok.get(req.request_id)
+        out.new_text = ""
+        if detok is not None:
+            out.new_text = detok.push([tok])
+            if detok.stopped and not req.finished:
+                self.scheduler.finish(req, "stop")
+            elif req.finished:
+                out.new_text += detok.flush()
+            out.text += out.new_text
+        if req.finished:
+            out.finish_reason = req.finish_reason
+            self._count_finished(req.finish_reason)
+            self._outputs.pop(req.request_id, None)
+            self._detok.pop(req.request_id, None)
+        return out
+
+    def _fail_all(self, message: str) -> list[RequestOutput]:
+        failed = []
+        for rid in list(self.scheduler.requests):
+            req = self.scheduler.requests[rid]
+            self.scheduler.finish(req, "error")
+            out = self._outputs.pop(rid)
+            self._detok.pop(rid, None)
+            out.finish_reason, out.error = "error", message
+            self._count_finished("error")
+            failed.append(out)
+        log.error("step failed, %d requests failed: %s", len(failed), message)
+        return failed
+
+    def _count_finished(self, reason: str | None) -> None:
+        key = reason or "unknown"
+        self._finished[key] = self._finished.get(key, 0) + 1
+
+    def stats(self) -> EngineStats:
+        sch = self.scheduler
+        return EngineStats(
+            pools=self._pools,
+            slots_used=sch.slots.num_used,
+            slots_total=sch.slots.capacity,
+            kv_pages_used=sch.pages.num_used,
+            kv_pages_total=sch.pages.capacity,
+            num_running=len(sch.running),
+            num_waiting=len(sch.waiting),
+            sessions_held=len(sch.sessions),
+            session_hits=sch.sessions.hits,
+            session_misses=sch.sessions.misses,
+            session_evictions=sch.sessions.evictions,
+            prompt_tokens_total=self._counts["prompt"],
+            generation_tokens_total=self._counts["generation"],
+            cached_tokens_total=self._counts["cached"],
+            finished_by_reason=dict(self._finished),
+            **self._prefix_cache_stats(),
+        )
+
+    def _prefix_cache_stats(self) -> dict[str, int]:
+        cache = self.scheduler.cache
+        if cache is None:
+            return {}
+        c = cache.counters
+        return {
+            "prefix_cache_query_tokens": c.query_tokens,
+            "prefix_cache_hit_tokens": c.hit_tokens,
+            "prefix_cache_checkpoints": cache.num_checkpoints,
+            "prefix_cache_checkpoint_bytes": cache.num_checkpoints * self.checkpoint_bytes,
+            "prefix_cache_pages": cache.num_pages,
+            "prefix_cache_evictions": c.evictions,
+        }
+
+    def flush_prefix_cache(self) -> int:
+        """Drop every prefix-cache entry (kept sessions' checkpoints too): after it, an idle
+        engine holds no slot and no page. Returns how many entries were dropped."""
+        dropped = self.scheduler.flush_prefix_cache()
+        self.refresh_metrics()
+        return dropped
+
+    # ---- health and introspection (the Serve layer's view: deployments.engine_types) -------
+    @property
+    def sessions(self) -> SessionStore | CachedSessions:
+        """Kept session checkpoints (TTL, eviction, the ids this engine holds state for)."""
+        return self.scheduler.sessions
+
+    def check_health(self) -> None:
+        """Raise ExecutorError when the executor (a TP worker) is unusable."""
+        self.executor.check_health()
+
+    def graph_stats(self) -> GraphStats | None:
+        """Cumulative graph-replay counters, or None (graphs off, or held by remote ranks)."""
+        return self.executor.graph_stats()
+
+    def set_graph_fault_hook(self, hook: Callable[[str], None]) -> bool:
+        """Test hook for the in-process graph runner; False where there is none."""
+        return self.executor.set_graph_fault_hook(hook)
+
+    def refresh_metrics(self) -> None:
+        """Push the current stats to the attached metrics (an idle engine runs no step)."""
+        if self.metrics is not None:
+            self.metrics.record(self.stats())
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+
+def _bytes_per_slot(spec: WorkerSpec) -> int:
+    """What one state slot (so one prefix-cache checkpoint) costs, every state kind, summed
+    over the model (at tp_size > 1 each rank holds its shard of it)."""
+    from shortconv.execution.parallel import SINGLE
+    from shortconv.models.registry import model_class
+
+    specs = model_class(spec.model_cfg.arch).state_specs(spec.model_cfg, SINGLE)
+    return sum(s.bytes_per_slot(spec.dtype.itemsize) for s in specs)
+
+
+def _extra_state(cfg: ModelConfig) -> str | None:
+    from shortconv.models.registry import model_class
+
+    return getattr(model_class(cfg.arch), "extra_state_name", None)

@@ -1,0 +1,53 @@
+"""A request as the scheduler tracks it (mutable, owned by exactly one scheduler)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shortconv.cache.prefix_cache import CacheEntry
+from shortconv.cache.sessions import Checkpoint
+from shortconv.sampling.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float | None] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    status: Status = Status.WAITING
+    slot: int | None = None
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens already folded into the slot's state and KV pages
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    session_id: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens resumed from kept state (session or prefix cache)
+    prompt_ckpt: Checkpoint | None = None  # end-of-prompt snapshot, kept with the session
+    session_looked_up: bool = False  # the kept-state lookup happens once, at first admission
+    # Prefix caching: checkpoint (position, slot) pairs the running step writes, inserted into
+    # the cache once it has run; and the end-of-prompt entry a session pins.
+    pending_ckpts: list[tuple[int, int]] = field(default_factory=list)
+    prompt_entry: CacheEntry | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

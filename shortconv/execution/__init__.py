@@ -1,0 +1,1 @@
+"""Model execution on one rank: runner, step inputs, backend metadata, graphs."""

@@ -1,0 +1,146 @@
+"""Per-step metadata resolver: everything the conv and attention layers need, resolved ONCE.
+
+`ShortConvBackend.begin_step(plan)` turns a `StepPlan` into device tensors (slot indices,
+`query_start_loc`, `has_initial_state`, KV gather indices, ...). Layers then call
+`conv_state_metadata(layer_id)` / `attention_metadata(layer_id)` and get cheap views; they never
+touch the pool's bookkeeping and never re-derive per-step indices per layer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from shortconv.cache.state_pool import StatePool
+from shortconv.engine.plan import StepPlan
+from shortconv.execution.state_checkpoints import StateCheckpoints, build_state_checkpoints
+from shortconv.execution.step_tensors import StepScratch, StepTensors, build_step_tensors
+from shortconv.kernels.dispatch import needs_dense_attention
+
+PAD_SLOT_ID = -1
+
+
+@dataclass(frozen=True)
+class ShortConvMetadata:
+    """A conv layer's view of the step.
+
+    conv_state: `[n_slots, conv_dim, width-1]` this layer's pool tensor; cache_indices int64 [B];
+    query_start_loc int32 [B+1]; has_initial_state bool [B]; `extra_state` is the layer's second
+    state (ZAYA1's previous-token value, `[n_slots, dim]`) or None. Host mirrors are for extend.
+    `checkpoints`: the step's prefix-cache checkpoints inside chunks (None on most steps and
+    always in a captured decode graph); see
+    `shortconv.execution.state_checkpoints.checkpoint_state`.
+    """
+
+    conv_state: torch.Tensor
+    cache_indices: torch.Tensor
+    query_start_loc: torch.Tensor
+    has_initial_state: torch.Tensor
+    is_decode: bool
+    step: StepTensors
+    extra_state: torch.Tensor | None = None
+    checkpoints: StateCheckpoints | None = None
+
+    @property
+    def query_start_loc_cpu(self) -> torch.Tensor:
+        return self.step.query_start_loc_cpu
+
+    @property
+    def has_initial_state_cpu(self) -> torch.Tensor:
+        return self.step.has_initial_state_cpu
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """An attention layer's view: its flat KV pages plus the step's gather/scatter indices."""
+
+    k_cache: torch.Tensor  # [pages*page_size, Hk, d]
+    v_cache: torch.Tensor
+    step: StepTensors
+    scratch: StepScratch | None = None  # the backend's reusable buffers (CPU kernels use them)
+
+
+class BaseStateBackend(ABC):
+    """What every model needs from a backend. An incomplete backend fails at construction
+    (start-up), not at the first request that reaches the missing method."""
+
+    @abstractmethod
+    def begin_step(self, plan: StepPlan) -> StepTensors: ...
+
+    @abstractmethod
+    def bind(self, step: StepTensors) -> None: ...
+
+    @abstractmethod
+    def conv_state_metadata(self, layer_id: int) -> ShortConvMetadata: ...
+
+    @abstractmethod
+    def attention_metadata(self, layer_id: int) -> AttentionMetadata: ...
+
+    @property
+    @abstractmethod
+    def step(self) -> StepTensors: ...
+
+
+class ShortConvBackend(BaseStateBackend):
+    """The backend shared by LFM2, LFM2-MoE and ZAYA1."""
+
+    def __init__(
+        self,
+        pool: StatePool,
+        device: torch.device,
+        extra_state: str | None = None,
+        dense_attention: bool | None = None,
+    ):
+        self.pool = pool
+        self.device = device
+        # NOTE: decided once (None: from the kernel dispatch); every step is built to match.
+        self.dense_attention = (
+            needs_dense_attention(device) if dense_attention is None else dense_attention
+        )
+        self.extra_state = extra_state  # name of the second per-layer state, if the model has one
+        self.num_resolutions = 0  # NOTE: tests count this to prove once-per-step resolution
+        self._step: StepTensors | None = None
+        self._checkpoints: StateCheckpoints | None = None
+        self.scratch = StepScratch()
+
+    def begin_step(self, plan: StepPlan) -> StepTensors:
+        page_size = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
+        step = build_step_tensors(
+            plan, page_size, self.device, self.scratch, dense_attention=self.dense_attention
+        )
+        self.bind(step)
+        self._checkpoints = build_state_checkpoints(plan, self.device)
+        return step
+
+    def bind(self, step: StepTensors) -> None:
+        """Make `step` the current step (graph replay binds its static buffers here)."""
+        self.num_resolutions += 1
+        self._step = step
+        self._checkpoints: StateCheckpoints | None = None
+        self.scratch.new_step()
+
+    @property
+    def step(self) -> StepTensors:
+        if self._step is None:
+            raise RuntimeError("no step bound: call begin_step(plan) before the forward")
+        return self._step
+
+    def conv_state_metadata(self, layer_id: int) -> ShortConvMetadata:
+        step = self.step
+        extra = self.pool.state(self.extra_state, layer_id) if self.extra_state else None
+        return ShortConvMetadata(
+            conv_state=self.pool.state("conv", layer_id),
+            cache_indices=step.cache_indices,
+            query_start_loc=step.query_start_loc,
+            has_initial_state=step.has_initial_state,
+            is_decode=step.is_decode,
+            step=step,
+            extra_state=extra,
+            checkpoints=self._checkpoints,
+        )
+
+    def attention_metadata(self, layer_id: int) -> AttentionMetadata:
+        k, v = self.pool.kv(layer_id)
+        return AttentionMetadata(k_cache=k, v_cache=v, step=self.step, scratch=self.scratch)

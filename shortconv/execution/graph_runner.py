@@ -1,0 +1,305 @@
+"""Graph-captured decode over a ladder of (batch, context) buckets.
+
+Every decode step is padded to a bucket: B = the smallest `graph_batch_sizes` entry >= its
+rows, L = the smallest context bucket >= its longest context. Rows past the plan are scratch
+rows (slot 0, page 0: the padding contract in `static_buffers`).
+
+Context buckets depend on the attention path, decided once by the backend
+(`backend.dense_attention`):
+
+* torch path (CPU): decode attention gathers each row's context into `[B, L]` and masks it; a
+  captured step needs that L fixed. One L = max_model_len would make every step pay for the
+  longest possible context (128k positions for LFM2), so L is bucketed (`graph_context_sizes`,
+  doubling by default: at most 2x waste) and contexts past the largest bucket run eagerly, like
+  vLLM's `max_seq_len_to_capture`.
+* Triton path (CUDA, or SHORTCONV_KERNELS=triton): the paged decode kernel reads only
+  `block_tables` `[B, ceil(L / page)]` and bounds each row's work by its own seq_lens (its
+  splits divide the row's context, not the table), and the static buffers build no `[B, L]`
+  gather or mask. So one context bucket, the engine's KV-capped max_model_len, covers every
+  decode step: one graph per batch bucket, and no decode step falls back for its length.
+
+On CUDA each shape is captured once at start-up (largest first, one shared memory pool) and
+replayed; on CPU "capture" only allocates the static buffers and a replay runs the same forward
+eagerly on them, so CI tests the same buffer, padding and refresh protocol.
+
+Replay failures. The metadata refresh runs before anything touches state; a failure there
+changes nothing. Before a replay the runner snapshots every state kind (conv, ZAYA1's
+prev_state) of the step's slots; if the replay raises (on CPU possibly after some layers
+updated state in place) those slots are restored and the step is recomputed eagerly. KV pages
+need no snapshot: a step writes only its rows' new positions, and the eager recompute rewrites
+each of them before any attention reads it. Not covered: asynchronous device faults (a sticky
+CUDA error leaves no usable context; the step raises). With tp_size > 1 a failed rank restores
+its state and re-raises instead of falling back, because a one-rank eager step would run its
+collectives with different shapes from the ranks that replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from shortconv.configs.config import ConfigError, EngineConfig
+from shortconv.engine.plan import StepPlan
+from shortconv.execution.backend import ShortConvBackend
+from shortconv.execution.static_buffers import DecodeShape, StaticDecodeBuffers
+
+log = logging.getLogger(__name__)
+
+FAILURE_PHASES = ("prepare", "replay")
+FALLBACK_REASONS = ("no_bucket", "replay_error")
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    """Counters since start-up (every key present from the start, at 0)."""
+
+    num_graphs: int
+    capture_seconds: float
+    replays: int
+    replay_failures: dict[str, int]  # by phase: prepare | replay
+    eager_fallbacks: dict[str, int]  # by reason: no_bucket | replay_error
+
+
+@dataclass(frozen=True)
+class DecodeOutput:
+    """Final hidden rows of the plan's sampled chunks, in plan order. After a replay on CUDA
+    this is a view of the graph's output: consume it before the next step."""
+
+    hidden: torch.Tensor
+    used_graph: bool
+
+
+def batch_buckets(sizes: tuple[int, ...], max_num_seqs: int) -> tuple[int, ...]:
+    """Sorted buckets, dropping those above the smallest one that covers max_num_seqs."""
+    ladder = sorted({int(b) for b in sizes})
+    if not ladder or ladder[0] < 1:
+        raise ConfigError(f"graph_batch_sizes must be positive integers, got {sizes}")
+    covering = [b for b in ladder if b >= max_num_seqs]
+    return tuple(b for b in ladder if b < max_num_seqs) + tuple(covering[:1])
+
+
+def context_buckets(
+    sizes: tuple[int, ...], max_model_len: int, dense_attention: bool = True
+) -> tuple[int, ...]:
+    """Sorted context buckets, each capped at max_model_len; the paged (Triton) attention path
+    (`dense_attention=False`) needs one only, max_model_len itself (see the module docstring)."""
+    ladder = sorted({min(int(c), max_model_len) for c in sizes})
+    if not ladder or ladder[0] < 1:
+        raise ConfigError(f"graph_context_sizes must be positive integers, got {sizes}")
+    return tuple(ladder) if dense_attention else (max_model_len,)
+
+
+class GraphRunner:
+    """Runs decode plans as replays of captured steps; see the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        backend: ShortConvBackend,
+        engine_cfg: EngineConfig,
+        max_model_len: int,
+        tp_size: int = 1,
+    ) -> None:
+        self.model, self.backend, self.pool = model, backend, backend.pool
+        self.device = backend.device
+        self.tp_size = tp_size
+        self.use_cuda_graphs = self.device.type == "cuda"
+        self.batch_sizes = batch_buckets(engine_cfg.graph_batch_sizes, engine_cfg.max_num_seqs)
+        dense = backend.dense_attention
+        self.context_sizes = context_buckets(engine_cfg.graph_context_sizes, max_model_len, dense)
+        page = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
+        self.buffers = StaticDecodeBuffers(
+            self.batch_sizes[-1], self.context_sizes[-1], page, self.device, dense_attention=dense
+        )
+        # NOTE: modules that sync the host on their default path (FusedExperts) expose a
+        # `capture_safe` flag; it is on only while a captured step is recorded or run.
+        self._capture_safe = [m for m in model.modules() if hasattr(m, "capture_safe")]
+        self._graphs: dict[DecodeShape, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[DecodeShape, torch.Tensor] = {}
+        self._ready: set[DecodeShape] = set()
+        self._replays = 0
+        self._failures = dict.fromkeys(FAILURE_PHASES, 0)
+        self._fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
+        self._capture_seconds = 0.0
+        # Test hook: called with "prepare" before the refresh and "after_replay" after a replay.
+        self.fault_hook: Callable[[str], None] | None = None
+
+    # ---- start-up -----------------------------------------------------------------------
+    def shapes(self) -> list[DecodeShape]:
+        """Every captured shape, largest first (the order they are captured in)."""
+        batches, contexts = self.batch_sizes[::-1], self.context_sizes[::-1]
+        return [DecodeShape(b, c) for b in batches for c in contexts]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        shapes = self.shapes()
+        pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
+        log.info(
+            "capturing %d decode graphs: batch sizes %s x context sizes %s (%s attention)",
+            len(shapes),
+            list(self.batch_sizes),
+            list(self.context_sizes),
+            "dense torch" if self.buffers.dense_attention else "paged Triton",
+        )
+        start = time.perf_counter()
+        for k, shape in enumerate(shapes, 1):
+            t0 = time.perf_counter()
+            self.buffers.step(shape)  # allocates the views once
+            if self.use_cuda_graphs:
+                self._capture_cuda(shape, pool)
+            self._ready.add(shape)
+            now = time.perf_counter()
+            log.info(
+                "decode graph %d/%d (batch %d, context %d) %s in %.1f ms, elapsed %.2f s",
+                k,
+                len(shapes),
+                shape.batch,
+                shape.context,
+                "captured" if self.use_cuda_graphs else "prepared",
+                1e3 * (now - t0),
+                now - start,
+            )
+        self._capture_seconds = time.perf_counter() - start
+        log.info("%d decode graphs ready in %.2f s", len(shapes), self._capture_seconds)
+
+    def _capture_cuda(self, shape: DecodeShape, pool: tuple[int, int] | None) -> None:
+        self.buffers.refresh(None, shape)  # all scratch rows: warm-up touches no live state
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(shape)  # compiles Triton kernels, creates cuBLAS workspaces
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                out = self._forward(shape)
+        except Exception as exc:
+            raise RuntimeError(
+                f"decode graph capture failed for batch {shape.batch}, context "
+                f"{shape.context}: {exc}. Start with enable_graphs=False to run eagerly."
+            ) from exc
+        self._graphs[shape], self._outputs[shape] = graph, out
+
+    # ---- stepping -----------------------------------------------------------------------
+    def shape_for(self, plan: StepPlan) -> DecodeShape | None:
+        """The bucket a decode plan pads to, or None when it exceeds the ladder."""
+        rows = len(plan.seqs)
+        ctx = max(s.start_pos + s.num_tokens for s in plan.seqs)
+        b = next((x for x in self.batch_sizes if x >= rows), None)
+        c = next((x for x in self.context_sizes if x >= ctx), None)
+        if b is None or c is None or DecodeShape(b, c) not in self._ready:
+            return None
+        return DecodeShape(b, c)
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> DecodeOutput:
+        """One decode step: replay its bucket, or run eagerly (counted) when none fits."""
+        if not plan.seqs or not plan.is_decode:
+            raise ValueError("GraphRunner.run takes non-empty decode plans only")
+        shape = self.shape_for(plan)
+        if shape is None:
+            return self._eager(plan, "no_bucket")
+        try:
+            self._hook("prepare")
+            self.buffers.refresh(plan, shape)
+        except Exception as exc:
+            return self._failed(plan, "prepare", exc, None)
+        snapshot = self._snapshot(shape)
+        try:
+            hidden = self._replay(shape)
+            self._hook("after_replay")
+        except Exception as exc:
+            return self._failed(plan, "replay", exc, snapshot)
+        self._replays += 1
+        return DecodeOutput(_sampled_rows(hidden, plan), True)
+
+    def _replay(self, shape: DecodeShape) -> torch.Tensor:
+        if not self.use_cuda_graphs:
+            return self._forward(shape)
+        self._graphs[shape].replay()
+        self.backend.bind(self.buffers.step(shape))  # keep backend.step coherent for readers
+        return self._outputs[shape]
+
+    def _forward(self, shape: DecodeShape) -> torch.Tensor:
+        """The captured region: derive the step tensors, then the model forward."""
+        step = self.buffers.step(shape)
+        self.buffers.derive(shape)
+        self.backend.bind(step)
+        with self.static_shapes():
+            return self.model(step.input_ids, self.backend)
+
+    @contextmanager
+    def static_shapes(self) -> Iterator[None]:
+        """Switch the model's capture-safe paths on (tests use it for same-path references)."""
+        for m in self._capture_safe:
+            m.capture_safe = True
+        try:
+            yield
+        finally:
+            for m in self._capture_safe:
+                m.capture_safe = False
+
+    def _snapshot(self, shape: DecodeShape) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # Pad rows repeat slot 0; their copies are taken at one instant, so restoring them all
+        # writes one identical value and stays deterministic.
+        slots = self.buffers.step(shape).cache_indices.clone()
+        return slots, {k: t.index_select(1, slots) for k, t in self.pool.states.items()}
+
+    def _restore(self, snapshot: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> None:
+        slots, saved = snapshot
+        for name, values in saved.items():
+            self.pool.states[name].index_copy_(1, slots, values)
+
+    def _failed(
+        self,
+        plan: StepPlan,
+        phase: str,
+        exc: Exception,
+        snapshot: tuple[torch.Tensor, dict[str, torch.Tensor]] | None,
+    ) -> DecodeOutput:
+        if snapshot is not None:
+            self._restore(snapshot)
+        self._failures[phase] += 1
+        log.warning(
+            "decode graph %s failed for step %d (%d rows): %s: %s; state restored",
+            phase,
+            plan.step_id,
+            len(plan.seqs),
+            type(exc).__name__,
+            exc,
+        )
+        if self.tp_size > 1:
+            raise exc
+        return self._eager(plan, "replay_error")
+
+    def _eager(self, plan: StepPlan, reason: str) -> DecodeOutput:
+        self._fallbacks[reason] += 1
+        step = self.backend.begin_step(plan)
+        hidden = self.model(step.input_ids, self.backend)
+        return DecodeOutput(hidden[step.logits_indices], False)
+
+    def _hook(self, phase: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(phase)
+
+    def stats(self) -> GraphStats:
+        return GraphStats(
+            num_graphs=len(self._ready),
+            capture_seconds=self._capture_seconds,
+            replays=self._replays,
+            replay_failures=dict(self._failures),
+            eager_fallbacks=dict(self._fallbacks),
+        )
+
+
+def _sampled_rows(hidden: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+    rows = [i for i, s in enumerate(plan.seqs) if s.sampling is not None]
+    if rows == list(range(len(rows))):
+        return hidden[: len(rows)]  # the usual decode step: every live row samples
+    return hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]

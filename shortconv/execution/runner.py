@@ -1,0 +1,105 @@
+"""ModelRunner: one rank's model shard, state-pool shard, backend and sampler; runs StepPlans."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from shortconv.cache.state_pool import StatePool
+from shortconv.configs.support import check_support
+from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.execution.backend import ShortConvBackend
+from shortconv.execution.graph_runner import GraphRunner
+from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.worker_spec import WorkerSpec
+from shortconv.layers.linear import prepack_linears
+from shortconv.models.build import build_model
+from shortconv.models.loader import iter_checkpoint
+from shortconv.models.registry import model_class
+from shortconv.sampling.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """One rank's model shard, state-pool shard, backend and sampler, built from `spec`."""
+
+    def __init__(self, spec: WorkerSpec, tp: ParallelContext) -> None:
+        model_cfg, engine_cfg = spec.model_cfg, spec.engine_cfg
+        device, dtype = spec.device, spec.dtype
+        check_support(model_cfg, device, tp.size)
+        self.cfg, self.tp, self.device, self.dtype = model_cfg, tp, device, dtype
+        cls = model_class(model_cfg.arch)
+        t0 = time.perf_counter()
+        model = build_model(cls, model_cfg, tp, device, dtype)
+        model.load_weights(iter_checkpoint(spec.model_dir))
+        self.model = model
+        log.info(
+            "rank %d: loaded %s weights in %.1fs", tp.rank, model_cfg.arch, time.perf_counter() - t0
+        )
+        if engine_cfg.prepack_cpu_weights and device.type == "cpu":
+            added = prepack_linears(model)
+            if added:
+                log.info(
+                    "rank %d: prepacked linear weights for oneDNN (+%.0f MiB)",
+                    tp.rank,
+                    added / 2**20,
+                )
+        kv = cls.kv_spec(model_cfg, tp, engine_cfg, spec.capacity.num_pages)
+        specs = cls.state_specs(model_cfg, tp)
+        self.pool = StatePool(specs, kv, spec.capacity.num_slots, dtype, device)
+        self.backend = ShortConvBackend(self.pool, device, cls.extra_state_name)
+        self.sampler = Sampler()
+        self.graphs: GraphRunner | None = None
+        if engine_cfg.graphs_enabled(device):
+            # NOTE: the engine's KV-capped limit, not the model's: no bucket beyond what a
+            # sequence can reach.
+            self.graphs = GraphRunner(
+                self.model, self.backend, engine_cfg, spec.max_model_len, tp.size
+            )
+            self.graphs.capture()
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult | None:
+        """Run one step; rank 0 returns the sampled tokens, other ranks return None."""
+        if plan.copies_before:  # before either path: a resumed row reads its copied state
+            self._copy(plan.copies_before)
+        if plan.page_copies:
+            self.pool.copy_pages(self._ids(plan.page_copies, 0), self._ids(plan.page_copies, 1))
+        if self.graphs is not None and plan.seqs and plan.is_decode:
+            decoded = self.graphs.run(plan)
+            hidden_rows, used_graph = decoded.hidden, decoded.used_graph
+        else:
+            step = self.backend.begin_step(plan)
+            hidden = self.model(step.input_ids, self.backend)
+            # A decode step samples every row: skip the identity gather.
+            every = step.is_decode and step.logits_indices.numel() == step.num_tokens
+            hidden_rows = hidden if every else hidden[step.logits_indices]
+            used_graph = False
+        if plan.copies_after:
+            self._copy(plan.copies_after)
+        rows = [s.sampling for s in plan.seqs if s.sampling is not None]
+        ids = tuple(s.request_id for s in plan.seqs if s.sampling is not None)
+        if not rows:
+            empty = StepResult(plan.step_id, (), (), (), (), used_graph=used_graph)
+            return empty if self.tp.rank == 0 else None
+        logits = self.model.compute_logits(hidden_rows)
+        if self.tp.rank != 0:
+            return None
+        out = self.sampler(logits, rows)
+        tokens, logprobs, tops = tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
+        return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph=used_graph)
+
+    def _copy(self, pairs: tuple[tuple[int, int], ...]) -> None:
+        self.pool.copy_slots(self._ids(pairs, 0), self._ids(pairs, 1))
+
+    def _ids(self, pairs: tuple[tuple[int, int], ...], col: int) -> torch.Tensor:
+        return torch.tensor([p[col] for p in pairs], dtype=torch.int64, device=self.device)
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = {k: tuple(v.shape) for k, v in self.pool.states.items()}
+        if self.pool.k_cache is not None:
+            shapes["kv"] = tuple(self.pool.k_cache.shape)
+        return shapes

@@ -1,0 +1,1 @@
+"""Metrics: definitions, the per-step recorder and the Prometheus sinks."""

@@ -1,0 +1,319 @@
+"""Metric definitions: names, kinds, label values, histogram ladders and where each gauge or
+counter reads its value (an EngineStats or GraphStats attribute). No torch, no engine import:
+the recorder (shortconv.metrics.recorder), Ray's sink and the docs all read this one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from shortconv.engine.stats import EngineStats
+    from shortconv.execution.graph_runner import GraphStats
+
+Kind = Literal["counter", "gauge", "histogram"]
+Labels = Mapping[str, str]
+
+# Label values that exist from start-up. The graph reasons mirror graph_runner.FAILURE_PHASES
+# and FALLBACK_REASONS (a test keeps them equal; importing them here would pull in torch).
+REPLAY_FAILURE_REASONS = ("prepare", "replay")
+FALLBACK_REASONS = ("no_bucket", "replay_error")
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+STEP_PHASES = ("decode", "extend", "mixed")
+_LABEL_VALUES = {"finished_reason": FINISHED_REASONS, "phase": STEP_PHASES}
+
+# vLLM's ladders; ITL and step time get sub-10 ms buckets since a short-conv decode step is fast.
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+STEP_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric. Counters' names end in `_total`; gauges and counters are read each step from
+    `source` (`engine.<EngineStats attr>` or `graphs.<GraphStats attr>`; a dict fills the label)."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    source: str = ""
+    buckets: tuple[float, ...] = ()
+    label_values: tuple[str, ...] = ()  # the one label's values that exist from start-up
+
+
+def _m(kind: Kind, name: str, source: str, help: str, label: str = "", **kw: Any) -> MetricDef:
+    values = kw.pop("values", _LABEL_VALUES.get(label, ()))
+    labels = (label,) if label else ()
+    return MetricDef(f"shortconv_{name}", kind, help, labels, source, label_values=values, **kw)
+
+
+METRICS: tuple[MetricDef, ...] = (
+    _m(
+        "gauge",
+        "state_slots_used",
+        "engine.slots_used",
+        "State-pool slots in use (running "
+        "requests, prefix-cache and session checkpoints); pools share slot ids and counts.",
+        "pool",
+    ),
+    _m(
+        "gauge",
+        "state_slots_total",
+        "engine.slots_total",
+        "State-pool slots requests can use (the scratch slot excluded).",
+        "pool",
+    ),
+    _m(
+        "gauge",
+        "kv_cache_usage_perc",
+        "engine.kv_cache_usage",
+        "Fraction of attention KV-cache pages in use (1 = full).",
+    ),
+    _m(
+        "counter",
+        "graph_replays_total",
+        "graphs.replays",
+        "Decode steps run as a replay of a captured graph.",
+    ),
+    _m(
+        "counter",
+        "graph_replay_failures_total",
+        "graphs.replay_failures",
+        "Failed graph "
+        "replays (state restored), by phase: prepare (metadata refresh) or replay (the forward).",
+        "reason",
+        values=REPLAY_FAILURE_REASONS,
+    ),
+    _m(
+        "counter",
+        "graph_eager_fallbacks_total",
+        "graphs.eager_fallbacks",
+        "Decode steps run "
+        "eagerly: no_bucket (beyond the largest bucket) or replay_error (after a failed replay).",
+        "reason",
+        values=FALLBACK_REASONS,
+    ),
+    _m(
+        "counter",
+        "session_cache_hits_total",
+        "engine.session_hits",
+        "Session turns resumed from kept state.",
+    ),
+    _m(
+        "counter",
+        "session_cache_misses_total",
+        "engine.session_misses",
+        "Session turns that found no reusable kept state.",
+    ),
+    _m(
+        "counter",
+        "session_cache_evictions_total",
+        "engine.session_evictions",
+        "Kept session checkpoints evicted (TTL or pressure).",
+    ),
+    _m(
+        "gauge",
+        "sessions_held",
+        "engine.sessions_held",
+        "Sessions whose state is kept on this engine.",
+    ),
+    _m(
+        "counter",
+        "prefix_cached_tokens_total",
+        "engine.cached_tokens_total",
+        "Prompt tokens resumed from kept state (prefix cache or session) instead of prefilled.",
+    ),
+    _m(
+        "counter",
+        "prefix_cache_queries_total",
+        "engine.prefix_cache_query_tokens",
+        "Prompt tokens of admitted requests looked up in the prefix cache.",
+    ),
+    _m(
+        "counter",
+        "prefix_cache_hits_total",
+        "engine.prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache (resumed instead of prefilled).",
+    ),
+    _m(
+        "counter",
+        "prefix_cache_evictions_total",
+        "engine.prefix_cache_evictions",
+        "Prefix-cache entries (checkpoints, pages) evicted under memory pressure or flushed.",
+    ),
+    _m(
+        "gauge",
+        "prefix_cache_checkpoints",
+        "engine.prefix_cache_checkpoints",
+        "State checkpoints held by the prefix cache (each one state slot).",
+    ),
+    _m(
+        "gauge",
+        "prefix_cache_checkpoint_bytes",
+        "engine.prefix_cache_checkpoint_bytes",
+        "Memory of the prefix cache's state checkpoints, over the whole model.",
+    ),
+    _m(
+        "gauge",
+        "prefix_cache_pages",
+        "engine.prefix_cache_pages",
+        "KV pages the prefix cache holds a reference to (shared pages counted once).",
+    ),
+    _m("gauge", "num_requests_running", "engine.num_running", "Requests in the running batch."),
+    _m("gauge", "num_requests_waiting", "engine.num_waiting", "Requests waiting to be scheduled."),
+    _m(
+        "counter",
+        "prompt_tokens_total",
+        "engine.prompt_tokens_total",
+        "Prompt tokens of requests that produced a first token.",
+    ),
+    _m("counter", "generation_tokens_total", "engine.generation_tokens_total", "Generated tokens."),
+    _m(
+        "counter",
+        "request_success_total",
+        "engine.finished_by_reason",
+        "Finished requests, by finish reason.",
+        "finished_reason",
+    ),
+    _m(
+        "histogram",
+        "time_to_first_token_seconds",
+        "",
+        "Time from a request's arrival to its first token.",
+        buckets=TTFT_BUCKETS,
+    ),
+    _m(
+        "histogram",
+        "inter_token_latency_seconds",
+        "",
+        "Time between consecutive tokens of a request.",
+        buckets=ITL_BUCKETS,
+    ),
+    _m(
+        "histogram",
+        "e2e_request_latency_seconds",
+        "",
+        "Time from arrival to the last token of a request that finished normally (stop or length).",
+        buckets=E2E_BUCKETS,
+    ),
+    _m(
+        "histogram",
+        "step_duration_seconds",
+        "",
+        "Engine step time (schedule to emit) by phase: "
+        "decode (all rows one token), extend (none), mixed.",
+        "phase",
+        buckets=STEP_BUCKETS,
+    ),
+)
+BY_NAME: dict[str, MetricDef] = {m.name: m for m in METRICS}
+
+
+def initial_series(pools: Sequence[str]) -> Iterator[tuple[MetricDef, dict[str, str]]]:
+    """Every series that exists from start-up (label `pool` takes the engine's pools)."""
+    for m in METRICS:
+        if not m.labels:
+            yield m, {}
+        for value in pools if m.labels == ("pool",) else m.label_values:
+            yield m, {m.labels[0]: value}
+
+
+def read_source(
+    m: MetricDef, stats: EngineStats, graphs: GraphStats | None
+) -> Iterator[tuple[tuple[tuple[str, str], ...], float]]:
+    """(labels, value) pairs of a gauge or counter now; nothing while its source is absent."""
+    obj = stats if m.source.startswith("engine.") else graphs
+    if obj is None:  # graphs off, or held by remote TP workers: the series stay at 0
+        return
+    value = getattr(obj, m.source.partition(".")[2])
+    if isinstance(value, dict):
+        yield from ((((m.labels[0], key),), v) for key, v in value.items())
+    else:  # the only label a scalar source can have is `pool`: every pool shares the value
+        yield from (((("pool", p),), value) for p in stats.pools) if m.labels else [((), value)]

@@ -1,0 +1,114 @@
+"""One grammar matcher per constrained request, on the engine's (host) side of the plan.
+
+Each step the engine asks `attach` to put the next allowed-token bitmask on every sampling row
+of a constrained request (the plan crosses to TP rank 0, so each row carries its own bytes);
+after sampling, `accept` advances that request's matcher by the token it got. A matcher follows
+the request's output tokens only, so preemption and recompute need nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Container
+from typing import Any, TypeVar
+
+from shortconv.engine.plan import SeqChunk, StepPlan
+from shortconv.sampling.grammar.compiler import GrammarCache
+from shortconv.sampling.grammar.spec import GrammarError, GrammarSpec
+
+_T = TypeVar("_T")
+
+
+class GrammarRuntime:
+    """Matchers by request id; xgrammar is touched only once a request brings a grammar."""
+
+    def __init__(self, hf_tokenizer: Any | None, vocab_size: int, stop_ids: list[int]) -> None:
+        self.vocab_size = vocab_size
+        # NOTE: built now (it imports nothing): validation reaches it from another thread.
+        self._cache = GrammarCache(hf_tokenizer, vocab_size, stop_ids) if hf_tokenizer else None
+        self._matchers: dict[str, Any] = {}
+
+    @property
+    def cache(self) -> GrammarCache:
+        if self._cache is None:
+            raise GrammarError("structured output needs a tokenizer; this checkpoint has none")
+        return self._cache
+
+    @property
+    def num_active(self) -> int:
+        return len(self._matchers)
+
+    def check(self, spec: GrammarSpec) -> None:
+        """Compile now (cached), so a bad grammar is refused before the request is queued."""
+        self.cache.get(spec)
+
+    def attach(self, plan: StepPlan, live: Container[str]) -> tuple[StepPlan, dict[str, str]]:
+        """The plan with a token mask on each constrained sampling row, and the requests to
+        fail instead ({request id: why}), their chunks dropped: a grammar that allows no token."""
+        self._prune(live)
+        rows = [c for c in plan.seqs if c.sampling is not None and c.sampling.params.grammar]
+        if not rows:
+            return plan, {}
+        import xgrammar as xgr
+
+        masks = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
+        for i, chunk in enumerate(rows):
+            self._matcher(chunk).fill_next_token_bitmask(masks, i)
+        alive = masks.any(dim=1).tolist()
+        words = masks.numpy()
+        dead: dict[str, str] = {}
+        new: dict[str, SeqChunk] = {}
+        for i, chunk in enumerate(rows):
+            if not alive[i]:
+                dead[chunk.request_id] = "the output grammar allows no next token"
+                continue
+            # NOTE: bytes, not a view of `masks`: a pickled view would carry the whole batch's
+            # storage in every row when the plan crosses to a TP rank.
+            row = _with(chunk.sampling, token_mask=words[i].tobytes())
+            new[chunk.request_id] = _with(chunk, sampling=row)
+        seqs = tuple(new.get(c.request_id, c) for c in plan.seqs if c.request_id not in dead)
+        gone = {c.slot for c in plan.seqs if c.request_id in dead}
+        copies = tuple(p for p in plan.copies_after if p[0] not in gone)
+        return dataclasses.replace(plan, seqs=seqs, copies_after=copies), dead
+
+    def accept(self, request_id: str, token: int, done: bool) -> bool:
+        """Advance by the sampled token; True when the grammar is complete (the request should
+        stop). Raises GrammarError for a token the grammar refuses. `done`: the request has
+        finished anyway, so its matcher goes."""
+        matcher = self._matchers.get(request_id)
+        if matcher is None:
+            return False
+        if not matcher.accept_token(token):
+            del self._matchers[request_id]
+            raise GrammarError(f"token {token} does not fit the output grammar")
+        finished = bool(matcher.is_terminated())
+        if finished or done:
+            del self._matchers[request_id]
+        return finished
+
+    def release(self, request_id: str) -> None:
+        self._matchers.pop(request_id, None)
+
+    def _matcher(self, chunk: SeqChunk) -> Any:
+        m = self._matchers.get(chunk.request_id)
+        if m is None:
+            import xgrammar as xgr
+
+            spec = chunk.sampling.params.grammar  # type: ignore[union-attr]
+            m = xgr.GrammarMatcher(self.cache.get(spec))
+            self._matchers[chunk.request_id] = m
+        return m
+
+    def _prune(self, live: Container[str]) -> None:
+        """Matchers of requests that ended without a last `accept` (aborted, failed, length)."""
+        for rid in [r for r in self._matchers if r not in live]:
+            del self._matchers[rid]
+
+
+def _with(obj: _T, **changes: Any) -> _T:
+    """`dataclasses.replace` for the plan's frozen dataclasses (no slots, no __post_init__) at a
+    fraction of its cost: replace re-inspects the fields on every call, and this runs twice per
+    constrained row per step, a measurable share of the grammar's step cost."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new

@@ -1,0 +1,30 @@
+"""bench/offline.py --quick runs end to end (ours vs transformers) in a subprocess, in seconds."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_offline_quick_prints_every_workload() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "offline.py"), "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = re.findall(r"^SUMMARY offline .*workload=(\w) .*ratio=([\d.]+)", proc.stdout, re.M)
+    assert [w for w, _ in rows] == ["a", "b", "c"], proc.stdout
+    assert all(float(r) > 0 for _, r in rows)
+    # Same checkpoint, greedy, fp32: both engines must produce the same tokens, every request.
+    agreement = re.findall(r"greedy_agreement=([\d.]+)", proc.stdout)
+    assert len(agreement) == 3 and all(float(a) == 1.0 for a in agreement), proc.stdout

@@ -1,0 +1,32 @@
+"""The benchmarks run end to end on CPU (`--quick`): tiny sizes, Triton under the interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("script", "marker"),
+    [("bench/decode_step.py", "SUMMARY decode"), ("bench/kernels.py", "SUMMARY kernels")],
+)
+def test_bench_quick(script: str, marker: str) -> None:
+    pytest.importorskip("triton")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)  # kernels.py --quick sets it itself
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / script), "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert marker in proc.stdout, proc.stdout

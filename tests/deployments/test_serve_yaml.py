@@ -1,0 +1,163 @@
+"""`serve run deployments/<model>.yaml` as a user runs it, answered through the `openai` client.
+
+Each YAML runs in a `serve run` subprocess started from the repository root (nothing installed:
+the import path `deployments.app:build` resolves from the working directory), with an empty
+tiny-checkpoint cache, its own Ray temp dir and a free port patched into a copy of the YAML.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from deployments.app import deployment_options, parse_args
+from deployments.args import AppArgs
+from deployments.serve_run import serve_run
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 240.0
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "deployments").glob("*.yaml")), ids=str)
+def test_yamls_override_serve_options_only_on_purpose(path: Path) -> None:
+    """The Serve options are derived from the args (deployments/app.py). A YAML's LLMServer
+    entry may only change one (restating a derived value would go stale when the args change),
+    and never `autoscaling_config`, which Serve replaces whole (the derived target with it)."""
+    (app,) = yaml.safe_load(path.read_text())["applications"]
+    derived = deployment_options(parse_args(app["args"]))
+    for entry in app.get("deployments", []):
+        assert entry["name"] == "LLMServer"
+        assert "autoscaling_config" not in entry, "set min_replicas / max_replicas in args"
+        for key, value in entry.items():
+            assert key == "name" or value != derived.get(key), f"{key} restates the default"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xdg-cache")  # empty: the first start builds the model
+
+
+# YAML file, and the args a user changes in it: ZAYA1's 2 KV heads split over 2 gloo ranks
+# (rank 0 the current-token value head, rank 1 the previous-token one).
+SERVED = {
+    "zaya1": ("zaya1", {}),
+    "zaya1-tp2": ("zaya1", {"tp_size": 2}),
+    "lfm2": ("lfm2", {}),
+    "lfm2_moe": ("lfm2_moe", {}),
+}
+
+
+@pytest.fixture(params=list(SERVED))
+def served(request: pytest.FixtureRequest, cache_dir: Path) -> Iterator[tuple[str, AppArgs]]:
+    name, changes = SERVED[request.param]
+    config = yaml.safe_load((ROOT / "deployments" / f"{name}.yaml").read_text())
+    config["applications"][0]["args"].update(changes)
+    args = parse_args(config["applications"][0]["args"])  # the YAML's args are valid AppArgs
+    with serve_run(config, START_TIMEOUT_S, env={"XDG_CACHE_HOME": str(cache_dir)}) as (base, _):
+        yield base, args
+
+
+def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> None:
+    served, args = served
+    client = openai.OpenAI(base_url=f"{served}/v1", api_key="unused", max_retries=0, timeout=60)
+    (model,) = [m.id for m in client.models.list().data]
+    messages = [{"role": "user", "content": "Hello! Who are you?"}]
+    r = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=8,
+        temperature=0.0,  # type: ignore[arg-type]
+    )
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage is not None
+    assert 1 <= r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 0
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == r.choices[0].message.content  # greedy: the same answer either way
+    assert (
+        chunks[-1].usage is not None
+        and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    )
+    assert httpx.get(f"{served}/health", timeout=30).status_code == 200
+    bad = httpx.post(f"{served}/v1/chat/completions", json={"model": model, "messages": [], "n": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    # A second turn of a session resumes from the first one's kept state.
+    session = {"x-session-id": "yaml-session"}
+    turn = [{"role": "user", "content": "Remember me."}]
+    first = client.chat.completions.create(
+        model=model,
+        messages=turn,
+        max_tokens=4,
+        temperature=0.0,
+        extra_headers=session,  # type: ignore[arg-type]
+    )
+    turn += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "And now?"},
+    ]
+    second = client.chat.completions.create(
+        model=model,
+        messages=turn,
+        max_tokens=4,
+        temperature=0.0,
+        extra_headers=session,  # type: ignore[arg-type]
+    )
+    details = second.usage.prompt_tokens_details if second.usage else None
+    assert details is not None and (details.cached_tokens or 0) > 0
+    asyncio.run(_burst_past_the_admission_limit(served, model, args.admission_limit))
+
+
+async def _burst_past_the_admission_limit(base: str, model: str, limit: int) -> None:
+    """With the YAML's own settings, `limit + 8` concurrent requests reach the replica (Serve's
+    cap is derived above the engine's) and the replica refuses the overshoot itself: OpenAI
+    503s with Retry-After, nothing else fails, and every slot is free again afterwards."""
+    body = {"model": model, "prompt": "burst", "max_tokens": 128, "ignore_eos": True}
+    limits = httpx.Limits(max_connections=limit + 16)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+        # A kept session holds its generation slot and (if one was spare) its prompt snapshot.
+        before = await _idle_stats(client)
+        results = await asyncio.gather(
+            *(client.post("/v1/completions", json=body) for _ in range(limit + 8))
+        )
+        codes = [r.status_code for r in results]
+        assert set(codes) <= {200, 503} and codes.count(503) >= 1, codes
+        for r in results:
+            if r.status_code == 503:
+                assert r.headers["retry-after"] == "1", r.text
+                assert r.json()["error"]["code"] == "overloaded", r.text
+        stats = await _idle_stats(client)
+        assert stats["num_waiting"] == 0, stats
+        assert _held(stats) == _held(before), (before, stats)
+
+
+def _held(stats: dict) -> tuple[int, int, int]:
+    """Slots, pages and sessions held outside the prefix cache (whose entries are evictable)."""
+    return (
+        stats["slots_used"] - stats["prefix_cache_checkpoints"],
+        stats["kv_pages_used"] - stats["prefix_cache_pages"],
+        stats["sessions_held"],
+    )
+
+
+async def _idle_stats(client: httpx.AsyncClient) -> dict:
+    """The replica's stats once no request is active (the engine loop publishes every few steps)."""
+    for _ in range(100):
+        stats = (await client.get("/v1/internal/stats")).json()
+        if stats["num_active_requests"] == 0 and stats["num_running"] == 0:
+            return stats
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the replica did not go idle: {stats}")

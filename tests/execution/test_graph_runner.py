@@ -1,0 +1,286 @@
+"""Graph-captured decode on CPU: the static-buffer, padding and refresh protocol.
+
+On CPU a "replay" runs the captured forward eagerly on the static buffers, so these tests pin
+the protocol the CUDA graphs rely on (tests/gpu/ repeats the key ones with real graphs).
+
+Exactness. A replay pads the batch to its bucket and the context to its context bucket. Live
+rows are then bit-identical to an eager forward of the same plan padded with explicit scratch
+rows to the same shapes (same kernels, same shapes). They are NOT bit-identical to the unpadded
+eager step: CPU BLAS picks different blockings for different row counts M, so a row of
+x @ W^T can change in the last bits with M (measured: ~1e-6 for M=3 vs 4). Against the
+unpadded step we therefore check live rows to a tight tolerance, greedy tokens exactly, and
+every slot outside the step bit-for-bit untouched.
+
+Kernels. The replay-equals-eager checks run twice: on the default CPU torch paths and with
+`SHORTCONV_KERNELS=triton` under the interpreter (the paged attention kernels read the static
+block tables; torch SDPA is forbidden), for LFM2's attention and ZAYA1's CCA. LFM2-MoE has
+LFM2's attention layer; its MoE kernel is covered where it lives.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from graph_helpers import (
+    CONTEXTS,
+    NUM_SEQS,
+    Seqs,
+    eager_hidden,
+    eager_padded_hidden,
+    garbage_fill,
+    graph_runner,
+    live_part,
+    load_pool,
+    make_runner,
+    pool_snapshot,
+    zaya_skip_reason,
+)
+
+from shortconv.configs.config import ConfigError
+from shortconv.execution.backend import ShortConvBackend
+from shortconv.execution.graph_runner import batch_buckets, context_buckets
+from shortconv.tiny.checkpoint import make_tiny_checkpoint
+
+ARCHS = ["lfm2", "lfm2_moe", "zaya1"]
+# Prompt lengths: contexts land in all three context buckets (16, 32, 64) after prefill.
+PROMPT_LENS = (3, 14, 9, 30, 5, 17, 40, 12)
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 512) for _ in range(n)] for n in PROMPT_LENS]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def prefilled(request, tmp_path_factory):
+    """(runner, seqs, pool snapshot after a prefill of all NUM_SEQS prompts)."""
+    arch = request.param
+    if arch == "zaya1" and (reason := zaya_skip_reason()):
+        pytest.skip(reason)
+    path = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch), seed=11)
+    runner = make_runner(path)
+    seqs = Seqs(_prompts(5))
+    result = runner.execute(seqs.prefill())
+    seqs.push(list(range(NUM_SEQS)), result.token_ids)
+    runner.test_model_dir = path  # for a second runner over the same checkpoint
+    return runner, seqs, pool_snapshot(runner)
+
+
+def _use_kernels(kernels: str, runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test on `kernels`: "torch" (the default CPU paths) or "triton" (interpreted).
+
+    For "triton" the runner gets a backend built under SHORTCONV_KERNELS=triton (as a runner
+    built there would have: steps and static buffers without the dense gather and mask); the
+    pool is the same, and monkeypatch restores the module fixture's backend afterwards."""
+    if kernels == "torch":
+        return
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    if runner.cfg.arch == "lfm2_moe":
+        pytest.skip("LFM2-MoE's attention is LFM2's (checked there); time kept for the others")
+    monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    old = runner.backend
+    monkeypatch.setattr(runner, "backend", ShortConvBackend(old.pool, old.device, old.extra_state))
+    assert not runner.backend.dense_attention
+
+    def no_sdpa(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torch SDPA called under SHORTCONV_KERNELS=triton")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", no_sdpa)
+
+
+def _rows_for(n: int, bucket: int) -> list[int]:
+    # A different subset per (bucket, n), so slots, contexts and row order all vary.
+    rows = list(range(NUM_SEQS))
+    random.Random(bucket * 100 + n).shuffle(rows)
+    return rows[:n]
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_every_bucket_and_padding_amount(prefilled, kernels, monkeypatch):
+    runner, seqs, snap0 = prefilled
+    _use_kernels(kernels, runner, monkeypatch)
+    for bucket in (1, 2, 4, 8):
+        g = graph_runner(runner, (bucket,))
+        garbage_fill(g, seed=bucket)  # the first replay after capture must not see this
+        for n in range(1, bucket + 1):
+            rows = _rows_for(n, bucket)
+            plan = seqs.decode(rows)
+            shape = g.shape_for(plan)
+            assert shape is not None and shape.batch == bucket
+            load_pool(runner, snap0)
+            out = g.run(plan)
+            assert out.used_graph
+            replayed, after_replay = out.hidden.clone(), pool_snapshot(runner)
+
+            load_pool(runner, snap0)  # same shapes, fresh eager tensors, same code path
+            with g.static_shapes():
+                ref = eager_padded_hidden(runner, plan, bucket, shape.context)
+            assert torch.equal(replayed, ref), (bucket, n)
+            for k, v in live_part(pool_snapshot(runner)).items():
+                assert torch.equal(live_part(after_replay)[k], v), (bucket, n, k)
+
+            # The unpadded eager step (grouped MoE, M = n), a tolerance check: on the
+            # interpreted Triton kernels it would add half again to the time, for no check
+            # that the bit-exact comparison above and the kernel tests do not make already.
+            if kernels == "torch":
+                load_pool(runner, snap0)
+                eager = eager_hidden(runner, plan, n)
+                torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
+                logits = runner.model.compute_logits(torch.cat([replayed, eager]))
+                assert torch.equal(logits[:n].argmax(-1), logits[n:].argmax(-1)), (bucket, n)
+            untouched = [s for s in range(1, snap0["conv"].shape[1]) if s not in _slots(plan)]
+            for k in runner.pool.states:
+                assert torch.equal(after_replay[k][:, untouched], snap0[k][:, untouched])
+        stats = g.stats()
+        assert stats.replays == bucket and sum(stats.replay_failures.values()) == 0
+
+
+def _slots(plan) -> set[int]:
+    return {s.slot for s in plan.seqs}
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_first_replay_uses_the_plans_indices(prefilled, kernels, monkeypatch):
+    """SGLang once replayed with a never-initialised index buffer: garbage the static buffers
+    right after capture, and the first replay must still be exact. The control run (refresh
+    disabled) proves the garbage would have shown."""
+    runner, seqs, snap0 = prefilled
+    _use_kernels(kernels, runner, monkeypatch)
+    plan = seqs.decode([3, 0, 6])
+    load_pool(runner, snap0)
+    g = graph_runner(runner, (4,))
+    with g.static_shapes():
+        ref = eager_padded_hidden(runner, plan, 4, g.shape_for(plan).context)
+    for control in (False, True):
+        load_pool(runner, snap0)
+        g = graph_runner(runner, (4,))
+        garbage_fill(g)
+        if control:
+            g.buffers.refresh = lambda plan, shape: None
+        out = g.run(plan)
+        assert out.used_graph and torch.equal(out.hidden, ref) != control
+
+
+def test_static_buffers_keep_their_addresses(prefilled):
+    runner, seqs, snap0 = prefilled
+    g = graph_runner(runner, (2, 4, 8))
+    shape = g.shapes()[0]
+    step = g.buffers.step(shape)
+    tensors = (step.input_ids, step.kv_gather, step.attn_mask, step.slot_mapping, step.block_tables)
+    ptrs = [t.data_ptr() for t in tensors]
+    load_pool(runner, snap0)
+    for n in (8, 3, 1, 6):
+        g.run(seqs.decode(list(range(n))))
+    assert g.buffers.step(shape) is step
+    assert [t.data_ptr() for t in tensors] == ptrs
+
+
+def test_no_bucket_fallbacks(prefilled):
+    runner, seqs, snap0 = prefilled
+    g = graph_runner(runner, (1, 2))
+    load_pool(runner, snap0)
+    too_many = seqs.decode([0, 1, 2])
+    assert g.shape_for(too_many) is None
+    out = g.run(too_many)
+    assert not out.used_graph and out.hidden.shape[0] == 3
+    long_row = PROMPT_LENS.index(40)  # context 41 fits 64; make one past the last bucket
+    assert g.shape_for(seqs.decode([long_row])).context == CONTEXTS[-1]
+    long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)])
+    assert g.shape_for(long_seqs.decode([0])) is None
+    stats = g.stats()
+    assert stats.eager_fallbacks == {"no_bucket": 1, "replay_error": 0}
+    assert stats.replays == 0
+
+
+def test_runner_routes_decode_through_graphs(prefilled):
+    """ModelRunner.execute: decode plans replay (used_graph), greedy tokens equal a runner
+    without graphs over several steps, with contexts crossing a context bucket."""
+    runner, seqs, snap0 = prefilled
+    eager_runner = make_runner(runner.test_model_dir, enable_graphs=False)
+    load_pool(runner, snap0)
+    load_pool(eager_runner, snap0)
+    before = runner.graphs.stats().replays
+    a, b = Seqs([list(t) for t in seqs.tokens]), Seqs([list(t) for t in seqs.tokens])
+    for step in range(6):
+        rows = list(range(NUM_SEQS - step))  # the batch shrinks: bucket 8 -> 4 -> 2
+        ra, rb = runner.execute(a.decode(rows)), eager_runner.execute(b.decode(rows))
+        assert ra.used_graph and not rb.used_graph
+        assert ra.token_ids == rb.token_ids, step
+        a.push(rows, ra.token_ids)
+        b.push(rows, rb.token_ids)
+    stats = runner.graphs.stats()
+    assert stats.replays - before == 6 and sum(stats.eager_fallbacks.values()) == 0
+
+
+def test_prefill_never_uses_graphs(prefilled):
+    runner, seqs, snap0 = prefilled
+    load_pool(runner, snap0)
+    result = runner.execute(Seqs([[1, 2, 3]]).prefill())
+    assert not result.used_graph
+
+
+def test_bucket_ladders():
+    assert batch_buckets((1, 2, 4, 8, 16, 32), 5) == (1, 2, 4, 8)
+    assert batch_buckets((4, 1, 2), 32) == (1, 2, 4)
+    assert context_buckets((256, 512, 1024), 300) == (256, 300)
+    with pytest.raises(ConfigError):
+        batch_buckets((), 4)
+    with pytest.raises(ConfigError):
+        context_buckets((0, 16), 64)
+
+
+def test_capture_logs_progress(prefilled, caplog):
+    runner, _, _ = prefilled
+    with caplog.at_level(logging.INFO, logger="shortconv.execution.graph_runner"):
+        g = graph_runner(runner, (1, 4))
+    n = len(g.shapes())
+    assert n == 2 * len(CONTEXTS) and g.stats().num_graphs == n
+    assert f"capturing {n} decode graphs: batch sizes [1, 4] x context sizes" in caplog.text
+    assert f"decode graph 1/{n} (batch 4, context 64)" in caplog.text
+    assert f"decode graph {n}/{n} (batch 1, context 16)" in caplog.text
+    assert caplog.text.count(", elapsed ") == n
+    assert f"{n} decode graphs ready" in caplog.text
+
+
+def test_triton_steps_carry_no_dense_indices(prefilled, monkeypatch):
+    """On the Triton backend neither an eager step (decode or prefill) nor a graph bucket's
+    static step has the torch path's kv_gather / attn_mask; on the torch backend both do."""
+    runner, seqs, _ = prefilled
+    decode, prefill = seqs.decode([4, 0, 7]), Seqs([[1, 2, 3], [4] * 9]).prefill()
+    for kernels in ("torch", "triton"):
+        _use_kernels(kernels, runner, monkeypatch)
+        dense = kernels == "torch"
+        assert runner.backend.dense_attention == dense
+        for plan in (decode, prefill):
+            step = runner.backend.begin_step(plan)
+            assert (step.dense is not None) == dense, (kernels, plan.is_decode)
+        g = graph_runner(runner, (2,))
+        assert (g.buffers.kv_gather is not None) == dense
+        assert (g.buffers.attn_mask is not None) == dense
+        assert all((g.buffers.step(s).dense is not None) == dense for s in g.shapes())
+
+
+def test_triton_captures_one_context_bucket_per_batch_bucket(prefilled, monkeypatch, caplog):
+    """The paged kernels mask by seq_lens, so the Triton backend captures one context bucket,
+    the engine's max_model_len, per batch bucket (not the graph_context_sizes ladder), and a
+    context past the ladder's last bucket still finds a graph."""
+    runner, _, _ = prefilled
+    _use_kernels("triton", runner, monkeypatch)
+    max_len = runner.cfg.max_model_len
+    assert max_len > CONTEXTS[-1]
+    with caplog.at_level(logging.INFO, logger="shortconv.execution.graph_runner"):
+        g = graph_runner(runner, (1, 2, 4, 8))
+    assert g.context_sizes == (max_len,)
+    assert [(s.batch, s.context) for s in g.shapes()] == [(b, max_len) for b in (8, 4, 2, 1)]
+    assert g.stats().num_graphs == 4
+    assert "(paged Triton attention)" in caplog.text
+    assert "decode graph 4/4 (batch 1, context" in caplog.text
+    long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)])
+    assert g.shape_for(long_seqs.decode([0])) == g.shapes()[-1]

@@ -1,0 +1,268 @@
+"""The CPU fast paths equal the general paths they shortcut (bench/RESULTS.md has their gains)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import shortconv.kernels.attention_cpu as attention_cpu
+import shortconv.kernels.cca_cpu as cca_cpu
+import shortconv.kernels.conv1d_cpu as conv1d_cpu
+import shortconv.kernels.dispatch as dispatch
+from shortconv.engine.plan import SeqChunk, StepPlan
+from shortconv.execution.step_tensors import (
+    StepScratch,
+    _decode_step_tensors,
+    _general_step_tensors,
+    build_step_tensors,
+)
+from shortconv.kernels.attention_cpu import paged_attention_cpu
+from shortconv.kernels.attention_ref import paged_attention_ref
+from shortconv.kernels.cca_ref import cca_conv_update_ref, cca_prev_value_update_ref
+from shortconv.kernels.conv1d_ref import causal_conv1d_update_ref
+from shortconv.layers import linear as linear_mod
+from shortconv.sampling.sampler import SamplingRow
+from shortconv.sampling.sampling_params import SamplingParams
+
+PAGE = 4
+ROW = SamplingRow(SamplingParams(temperature=0.0), seed=0, step=0)
+
+
+def plan_of(starts: list[int], lens: list[int], seed: int = 0) -> StepPlan:
+    """Rows with scrambled slots and non-contiguous pages (page 0 is scratch)."""
+    rng = random.Random(seed)
+    pages = list(range(1, 200))
+    rng.shuffle(pages)
+    seqs = []
+    for i, (start, n) in enumerate(zip(starts, lens, strict=True)):
+        need = -(-(start + n) // PAGE) + rng.randrange(2)  # sometimes a spare page
+        table, pages = tuple(pages[:need]), pages[need:]
+        toks = tuple(rng.randrange(5, 50) for _ in range(n))
+        sampling = ROW if i % 3 != 1 else None
+        seqs.append(SeqChunk(f"r{i}", toks, start, 3 + 2 * i, table, sampling))
+    return StepPlan(1, tuple(seqs))
+
+
+def test_linear_onednn_path_matches_f_linear() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1024, linear_mod.ONEDNN_MIN_WEIGHT // 1024, generator=g)
+    b = torch.randn(1024, generator=g)
+    with torch.inference_mode():
+        for shape in ((1, w.shape[1]), (7, w.shape[1]), (2, 5, w.shape[1])):
+            x = torch.randn(*shape, generator=g)
+            got = linear_mod.linear(x, w, b)
+            torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+            assert got.shape == (*shape[:-1], 1024)
+    wg = w.clone().requires_grad_(True)  # autograd keeps F.linear (the oneDNN op has none)
+    assert linear_mod.linear(torch.randn(2, w.shape[1]), wg).requires_grad
+
+
+def test_fused_swiglu_matches_the_plain_path() -> None:
+    g = torch.Generator().manual_seed(3)
+    hidden, inter = 256, linear_mod.ONEDNN_MIN_WEIGHT // 256
+    w_gate, w_up = (torch.randn(inter, hidden, generator=g) / 16 for _ in range(2))
+    x = torch.randn(linear_mod.FUSED_SWIGLU_MIN_ROWS, hidden, generator=g)
+    with torch.inference_mode():
+        got = linear_mod.silu_mul(x, w_gate, w_up)
+        want = F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [7, 64, 1024 + 16])
+def test_fp32_rms_norm_is_bit_equal_to_the_reference_order(dim: int) -> None:
+    from shortconv.layers.norm import RMSNorm
+
+    g = torch.Generator().manual_seed(dim)
+    norm = RMSNorm(dim, 1e-5)
+    norm.weight.data = torch.randn(dim, generator=g)
+    x = torch.randn(33, dim, generator=g) * 3
+    with torch.inference_mode():
+        assert torch.equal(norm(x), norm.reference(x))
+        xb = x.to(torch.bfloat16)  # other dtypes keep the reference path
+        assert torch.equal(norm(xb), norm.reference(xb))
+
+
+def _assert_same_fields(fast: object, slow: object) -> None:
+    for f in fields(fast):
+        a, b = getattr(fast, f.name), getattr(slow, f.name)
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+        elif is_dataclass(a):
+            _assert_same_fields(a, b)
+        else:
+            assert a == b, f.name
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "paged"])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_decode_step_tensors_equal_the_general_path(batch: int, dense: bool) -> None:
+    """With and without kept constants, and on a scratch that served other batch sizes first;
+    in both layouts (the paged one has no dense indices on either path)."""
+    scratch, cpu = StepScratch(), torch.device("cpu")
+    for b in (batch + 2, batch, 1):
+        _decode_step_tensors(plan_of([5] * b, [1] * b).seqs, PAGE, cpu, scratch, dense)
+    plan = plan_of([3 + 7 * i for i in range(batch)], [1] * batch, seed=batch)
+    assert plan.is_decode
+    slow = _general_step_tensors(plan.seqs, PAGE, cpu, dense)
+    assert (slow.dense is not None) == dense
+    for keep in (None, scratch):
+        _assert_same_fields(_decode_step_tensors(plan.seqs, PAGE, cpu, keep, dense), slow)
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 20_000])  # default; 1 and ~2 sequences a chunk
+@pytest.mark.parametrize("kind", ["decode", "extend"])
+def test_cpu_attention_path_matches_the_reference(
+    kind: str, chunk_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if chunk_bytes is not None:
+        monkeypatch.setattr(attention_cpu, "_ATTN_CHUNK_BYTES", chunk_bytes)
+    g = torch.Generator().manual_seed(1)
+    hq, hk, d = 8, 2, 16
+    plan = (
+        plan_of([5, 17, 2, 30], [1, 1, 1, 1])
+        if kind == "decode"
+        else plan_of([0, 9, 4, 0], [6, 3, 1, 11])
+    )
+    step = build_step_tensors(plan, PAGE, torch.device("cpu"), dense_attention=True)
+    k_cache = torch.randn(200 * PAGE, hk, d, generator=g)
+    v_cache = torch.randn(200 * PAGE, hk, d, generator=g)
+    q = torch.randn(step.num_tokens, hq, d, generator=g)
+    scratch = StepScratch()
+    for _ in range(2):  # the second call reuses the buffers and per-step values
+        got = paged_attention_cpu(q, k_cache, v_cache, step, d**-0.5, scratch)
+        want = paged_attention_ref(q, k_cache, v_cache, step, d**-0.5)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "slot_list,fast",
+    [([4, 1, 6], True), ([4, -1, 6], False), ([4, 0, 6], False)],
+    ids=["live", "pad", "scratch"],
+)
+def test_cpu_decode_conv_paths_equal_the_reference(
+    slot_list: list[int], fast: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conv1d_cpu / cca_cpu against the `*_ref` oracles, bit for bit (same fp32 arithmetic):
+    an all-live batch takes the fast path, a pad row or a scratch-slot row (a graph bucket's
+    padding) hands the whole batch to the reference."""
+    g = torch.Generator().manual_seed(2)
+    slots = torch.tensor(slot_list)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) + 0.3).to(dtype)
+
+    x, conv, w, bias = rnd(3, 8), rnd(8, 8, 2), rnd(8, 3), rnd(8)
+    qk, cca_state = rnd(3, 8), rnd(8, 8, 2)
+    cw, gw = (rnd(8, 2), rnd(8)), (rnd(8, 4, 2), rnd(8))  # t0 = t1 = 2, two groups of 4
+    prev, v = rnd(8, 4), rnd(3, 4)
+
+    refs = {"conv": 0, "cca": 0, "prev": 0}
+    for mod, key, name in (
+        (conv1d_cpu, "conv", "causal_conv1d_update_ref"),
+        (cca_cpu, "cca", "cca_conv_update_ref"),
+        (cca_cpu, "prev", "cca_prev_value_update_ref"),
+    ):
+        real = getattr(mod, name)
+
+        def counted(*a: Any, _real: Any = real, _key: str = key, **kw: Any) -> torch.Tensor:
+            refs[_key] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(mod, name, counted)
+
+    def run(cpu: bool) -> list[torch.Tensor]:
+        conv_fn = conv1d_cpu.causal_conv1d_update_cpu if cpu else causal_conv1d_update_ref
+        cca_fn = cca_cpu.cca_conv_update_cpu if cpu else cca_conv_update_ref
+        prev_fn = cca_cpu.cca_prev_value_update_cpu if cpu else cca_prev_value_update_ref
+        states = [conv.clone(), cca_state.clone(), prev.clone()]
+        outs = [torch.full(x.shape, float("nan"), dtype=dtype) for _ in range(2)]
+        got = [
+            conv_fn(x, states[0], w, bias, slots, out=outs[0]),
+            cca_fn(qk, states[1], *cw, *gw, slots, out=outs[1]),
+            prev_fn(v, states[2], slots),
+        ]
+        assert got[0] is outs[0] and got[1] is outs[1]
+        return got + states
+
+    assert conv1d_cpu.all_live_cpu(slots, -1) == fast
+    got = run(cpu=True)
+    assert refs == dict.fromkeys(refs, 0 if fast else 1)
+    want = run(cpu=False)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.dtype == b.dtype == dtype and torch.equal(a, b), i
+    if not fast:  # the pad row: zero outputs
+        assert slot_list[1] == 0 or not any(t[1].any() for t in got[:3])
+    # No bias, and an empty batch (the early returns keep the reference's results).
+    s_cpu, s_ref = conv.clone(), conv.clone()
+    got = conv1d_cpu.causal_conv1d_update_cpu(x, s_cpu, w, None, slots)
+    assert torch.equal(got, causal_conv1d_update_ref(x, s_ref, w, None, slots))
+    assert torch.equal(s_cpu, s_ref)
+    no_bias = (cw[0], None, gw[0], None)
+    s_cpu, s_ref = cca_state.clone(), cca_state.clone()
+    got = cca_cpu.cca_conv_update_cpu(qk, s_cpu, *no_bias, slots)
+    assert torch.equal(got, cca_conv_update_ref(qk, s_ref, *no_bias, slots))
+    assert torch.equal(s_cpu, s_ref)
+    none = slots[:0]
+    assert conv1d_cpu.causal_conv1d_update_cpu(x[:0], conv, w, bias, none).shape == (0, 8)
+    assert cca_cpu.cca_conv_update_cpu(qk[:0], cca_state, *cw, *gw, none).shape == (0, 8)
+    assert cca_cpu.cca_prev_value_update_cpu(v[:0], prev, none).shape == (0, 4)
+
+
+@pytest.mark.parametrize("env", [None, "torch", "triton"])
+def test_dispatch_picks_the_cpu_decode_paths(
+    env: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch backend: the CPU fast path for CPU tensors, the reference on any other device;
+    the Triton backend (CUDA, or forced) keeps its kernels. The previous-token value has no
+    Triton twin and runs its CPU path on CPU tensors whatever the backend."""
+    if env is None:
+        monkeypatch.delenv("SHORTCONV_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("SHORTCONV_KERNELS", env)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cases = [
+        (
+            "causal_conv1d_update_triton",
+            causal_conv1d_update_ref,
+            "conv1d_triton",
+            conv1d_cpu.causal_conv1d_update_cpu,
+        ),
+        ("cca_conv_update_triton", cca_conv_update_ref, "cca_triton", cca_cpu.cca_conv_update_cpu),
+    ]
+    for name, ref, module, fast in cases:
+        if env == "triton":
+            pytest.importorskip("triton")
+            assert dispatch._pick(cpu, name, ref, module, cpu=fast).__name__ == name
+        else:
+            assert dispatch._pick(cpu, name, ref, module, cpu=fast) is fast
+        if env == "torch":
+            assert dispatch._pick(cuda, name, ref, module, cpu=fast) is ref
+
+    calls = []
+    monkeypatch.setattr(conv1d_cpu, "all_live_cpu", lambda *a: calls.append(a) or False)
+    monkeypatch.setattr(cca_cpu, "all_live_cpu", lambda *a: calls.append(a) or False)
+    prev = torch.randn(4, 3)
+    out = dispatch.cca_prev_value_update(torch.ones(2, 3), prev, torch.tensor([1, 2]))
+    assert len(calls) == 1 and torch.equal(prev[1:3], torch.ones(2, 3)) and out.shape == (2, 3)
+    if env != "triton":
+        conv = torch.randn(4, 5, 2)
+        dispatch.causal_conv1d_update(
+            torch.randn(2, 5), conv, torch.randn(5, 3), None, torch.tensor([1, 2])
+        )
+        assert len(calls) == 2
+
+
+def test_scratch_buffer_keeps_its_storage_while_a_context_grows() -> None:
+    """Decode contexts grow a token per step: the gather buffer must not be replaced (and
+    page-faulted afresh) each time."""
+    scratch, like = StepScratch(), torch.empty(0)
+    first = scratch.buffer("k", 10_000, like)
+    for n in range(10_001, 12_000, 64):
+        assert scratch.buffer("k", n, like).data_ptr() == first.data_ptr()
+    assert scratch.buffer("k", 10_000, like.double()).dtype == torch.float64

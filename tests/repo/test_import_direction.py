@@ -1,0 +1,211 @@
+"""The direction of dependencies, read statically from the source with `ast` (nothing imported).
+
+  * no module of `shortconv/` but the LLM facade (`shortconv/llm.py`) imports `workers`,
+    `deployments` or `ray`: the engine receives its executor, the facade picks it;
+  * `workers/` does not import `deployments/`;
+  * the modules of `shortconv/` import each other without cycles.
+
+What counts as an import: every `import` / `from ... import` statement anywhere in a module,
+module level or inside a function. A lazy (function-level) import still makes one module depend
+on the other; putting it in a function only hides a cycle from the interpreter until the
+function runs, so it counts. Imports under `if TYPE_CHECKING:` never run and exist precisely to
+name a type without a runtime dependency: they count for the direction rules (a type from
+`workers/` inside the engine is still the wrong direction) but not for cycles.
+`from pkg import name` is an edge to the module `pkg.name` when that is a module, else to
+`pkg`. Importing `a.b.c` also runs `a/__init__.py` and `a/b/__init__.py`; those implicit edges
+are left out (`shortconv/__init__.py` re-exports the facade, so counting them would put every
+module on a cycle with the facade without any module naming it).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("shortconv", "workers", "deployments")
+FACADE = "shortconv.llm"
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    lineno: int
+    type_only: bool  # under `if TYPE_CHECKING:`
+
+    def __str__(self) -> str:
+        kind = " (TYPE_CHECKING)" if self.type_only else ""
+        return f"{self.src}:{self.lineno} imports {self.dst}{kind}"
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the three packages."""
+    mods = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = path
+    return mods
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, type_only: bool = False) -> Iterator[tuple[ast.stmt, bool]]:
+    """Every import statement under `tree`, with whether a TYPE_CHECKING guard covers it."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node, type_only
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                yield from _imports(ast.Module(body=[child], type_ignores=[]), True)
+            for child in node.orelse:
+                yield from _imports(ast.Module(body=[child], type_ignores=[]), type_only)
+        else:
+            yield from _imports(node, type_only)
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def edges_of(module: str, path: Path, known: set[str]) -> list[Edge]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    edges = []
+    for node, type_only in _imports(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = _absolute(module, is_package, node)
+            subs = [f"{base}.{a.name}" for a in node.names]
+            targets = [s if s in known else base for s in subs]
+        edges += [Edge(module, t, node.lineno, type_only) for t in dict.fromkeys(targets)]
+    return edges
+
+
+@pytest.fixture(scope="module")
+def edges() -> list[Edge]:
+    mods = module_files()
+    return [e for mod, path in mods.items() for e in edges_of(mod, path, set(mods))]
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_engine_imports_no_workers_deployments_or_ray(edges: list[Edge]) -> None:
+    bad = [
+        str(e)
+        for e in edges
+        if _top(e.src) == "shortconv"
+        and e.src != FACADE
+        and _top(e.dst) in ("workers", "deployments", "ray")
+    ]
+    assert not bad, "shortconv/ must not depend on the layers above it:\n" + "\n".join(bad)
+
+
+def test_workers_do_not_import_deployments(edges: list[Edge]) -> None:
+    bad = [str(e) for e in edges if _top(e.src) == "workers" and _top(e.dst) == "deployments"]
+    assert not bad, "workers/ must not depend on deployments/:\n" + "\n".join(bad)
+
+
+def engine_graph(edges: list[Edge]) -> dict[str, set[str]]:
+    """Runtime imports among shortconv/ modules (TYPE_CHECKING imports never run)."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        if _top(e.src) == _top(e.dst) == "shortconv" and not e.type_only and e.src != e.dst:
+            graph.setdefault(e.src, set()).add(e.dst)
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Tarjan's algorithm (iterative); components of more than one module are cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[frozenset[str]] = []
+    nodes = sorted(set(graph) | {d for ds in graph.values() for d in ds})
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = set()
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        comp.add(top)
+                        if top == node:
+                            break
+                    if len(comp) > 1:
+                        out.append(frozenset(comp))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return out
+
+
+def _describe(comp: frozenset[str], edges: list[Edge]) -> str:
+    inside = [e for e in edges if e.src in comp and e.dst in comp and not e.type_only]
+    return "\n".join(f"  {e}" for e in sorted(inside, key=str))
+
+
+def test_no_import_cycles_in_the_engine(edges: list[Edge]) -> None:
+    cycles = strongly_connected(engine_graph(edges))
+    assert not cycles, "import cycles among shortconv/ modules:\n" + "\n\n".join(
+        _describe(c, edges) for c in cycles
+    )
+
+
+def test_the_checker_sees_lazy_relative_and_guarded_imports(tmp_path: Path) -> None:
+    """The parser itself: function-level, relative and TYPE_CHECKING imports are all found."""
+    pkg = tmp_path / "shortconv"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from shortconv.b import B\n"
+        "def f():\n    import ray\n    from . import b\n    from .c import x\n"
+    )
+    for name in ("b", "c"):
+        (pkg / f"{name}.py").write_text("")
+    known = {"shortconv", "shortconv.a", "shortconv.b", "shortconv.c"}
+    got = {(e.dst, e.type_only) for e in edges_of("shortconv.a", pkg / "a.py", known)}
+    assert got == {
+        ("typing", False),
+        ("shortconv.b", True),
+        ("ray", False),
+        ("shortconv.b", False),
+        ("shortconv.c", False),
+    }
+    assert strongly_connected({"x": {"y"}, "y": {"z", "x"}, "z": set()}) == [frozenset({"x", "y"})]

@@ -11,10 +11,11 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from shortconv.configs.config import ConfigError, EngineConfig, ModelConfig
+from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.support import check_support
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.errors import ConfigError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.models.registry import model_class

@@ -9,17 +9,8 @@ from typing import Any
 
 import torch
 
-from shortconv.configs.hf import model_fields, resolve_arch
-from shortconv.errors import CheckpointError, ConfigError
-
-__all__ = [
-    "CheckpointError",
-    "ConfigError",
-    "EngineConfig",
-    "ModelConfig",
-    "resolve_arch",
-    "resolve_dtype",
-]
+from shortconv.configs.hf import model_fields
+from shortconv.errors import ConfigError
 
 _DTYPES = {
     "float32": torch.float32,

@@ -4,26 +4,23 @@ from __future__ import annotations
 
 import torch
 
-from shortconv.configs.config import ConfigError, ModelConfig
+from shortconv.configs.config import ModelConfig
+from shortconv.configs.hf.arch import ARCH_BY_CLASS
+from shortconv.errors import ConfigError
 from shortconv.execution.head_shard import head_shard
 
-# arch -> device types with a short-conv backend.
-SUPPORTED_DEVICES: dict[str, frozenset[str]] = {
-    "lfm2": frozenset({"cpu", "cuda"}),
-    "lfm2_moe": frozenset({"cpu", "cuda"}),
-    "zaya1": frozenset({"cpu", "cuda"}),
-}
+# NOTE: every architecture runs on both (kernels.dispatch: Triton on CUDA, torch on CPU).
+_DEVICE_TYPES = ("cpu", "cuda")
 
 
 def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
     """Raise ConfigError naming the unsupported combination; never fail later mid-request."""
-    devices = SUPPORTED_DEVICES.get(cfg.arch)
-    if devices is None:
+    if cfg.arch not in ARCH_BY_CLASS.values():
         raise ConfigError(f"architecture {cfg.arch!r} has no backend")
-    if device.type not in devices:
+    if device.type not in _DEVICE_TYPES:
         raise ConfigError(
             f"{cfg.arch} has no short-conv backend for device {device.type!r}; "
-            f"supported: {', '.join(sorted(devices))}"
+            f"supported: {', '.join(_DEVICE_TYPES)}"
         )
     if tp_size < 1:
         raise ConfigError(f"tp_size must be >= 1, got {tp_size}")

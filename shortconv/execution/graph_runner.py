@@ -44,8 +44,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shortconv.configs.config import ConfigError, EngineConfig
+from shortconv.configs.config import EngineConfig
 from shortconv.engine.plan import StepPlan
+from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
 from shortconv.execution.static_buffers import DecodeShape, StaticDecodeBuffers
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from shortconv.configs.config import ConfigError, EngineConfig, ModelConfig, resolve_dtype
+from shortconv.configs.config import EngineConfig, ModelConfig, resolve_dtype
+from shortconv.errors import ConfigError
 from shortconv.execution.head_shard import head_shard
 
 log = logging.getLogger(__name__)

@@ -9,27 +9,17 @@ is the skip route: the block outputs zeros for that token (the reference masks i
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortconv.configs.config import ConfigError, ModelConfig
-from shortconv.configs.hf.zaya1 import EXPERT_ACTIVATION_NAMES, expert_activation_name
+from shortconv.configs.config import ModelConfig
+from shortconv.configs.hf.zaya1 import expert_activation_name
+from shortconv.errors import ConfigError
 from shortconv.execution.parallel import ParallelContext
-from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.experts import FusedExperts
 from shortconv.layers.linear import ReplicatedLinear, mark_shard
 from shortconv.layers.norm import RMSNorm
-
-EXPERT_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    hf: ACTIVATIONS[kernel] for hf, kernel in EXPERT_ACTIVATION_NAMES.items()
-}
-
-
-def expert_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    return ACTIVATIONS[expert_activation_name(name)]
 
 
 class ZayaRouterMLP(nn.Module):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shortconv.configs.config import ConfigError
+from shortconv.errors import ConfigError
 
 
 def model_class(arch: str) -> type:

@@ -9,13 +9,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from shortconv.configs.config import CheckpointError
+from shortconv.errors import CheckpointError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.linear import load_shard_
 
 # Per-expert layout (original LFM2-MoE release): experts.{e}.w1/w3/w2.weight → fused tensors.
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<w>w1|w2|w3)\.weight$")
-__all__ = ["CheckpointError", "WeightLoader"]
 _IGNORED = re.compile(r"(rotary_emb\.|\.inv_freq$|pos_emb\.)")
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from shortconv.cache.state_pool import KVSpec, StateSpec
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.hf.zaya1 import CONVERTER_HINT
+from shortconv.errors import CheckpointError
 from shortconv.execution.backend import BaseStateBackend
 from shortconv.execution.head_shard import head_shard
 from shortconv.execution.parallel import ParallelContext
@@ -25,7 +26,7 @@ from shortconv.layers.norm import RMSNorm
 from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.layers.vocab import LMHead, VocabEmbedding
 from shortconv.layers.zaya_moe import ZayaMoE
-from shortconv.models.weights import CheckpointError, WeightLoader
+from shortconv.models.weights import WeightLoader
 
 __all__ = ["ZayaForCausalLM"]
 

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from shortconv.configs.config import ConfigError, ModelConfig
+from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf.availability import transformers_lacks
 from shortconv.configs.hf.zaya1 import fallback_zaya_config, zaya1_fields
+from shortconv.errors import ConfigError
 from shortconv.tiny.checkpoint import TINY_PRESETS
 
 MODEL_TYPES = {"lfm2": "lfm2", "lfm2_moe": "lfm2_moe", "zaya1": "zaya"}

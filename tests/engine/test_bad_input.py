@@ -8,8 +8,7 @@ import shutil
 import pytest
 
 from shortconv import LLM, SamplingParams
-from shortconv.configs.config import ConfigError
-from shortconv.models.weights import CheckpointError
+from shortconv.errors import CheckpointError, ConfigError
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
 

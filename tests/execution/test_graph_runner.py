@@ -41,7 +41,7 @@ from graph_helpers import (
     zaya_skip_reason,
 )
 
-from shortconv.configs.config import ConfigError
+from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
 from shortconv.execution.graph_runner import batch_buckets, context_buckets
 from shortconv.tiny.checkpoint import make_tiny_checkpoint

@@ -16,8 +16,9 @@ import torch
 from published_configs import LFM2_1_2B, LFM2_2_6B, LFM2_8B_A1B, LFM2_350M, ZAYA1_8B
 
 from shortconv.cache.state_pool import StatePool
-from shortconv.configs.config import ConfigError, EngineConfig, ModelConfig
+from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.support import check_support
+from shortconv.errors import ConfigError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.worker_spec import plan_capacity
 from shortconv.models.registry import model_class

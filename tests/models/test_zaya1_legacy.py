@@ -16,11 +16,11 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from shortconv import LLM, SamplingParams
-from shortconv.configs.config import ConfigError, ModelConfig
+from shortconv.configs.config import ModelConfig
 from shortconv.configs.support import check_support
+from shortconv.errors import CheckpointError, ConfigError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.models.loader import iter_checkpoint
-from shortconv.models.weights import CheckpointError
 from shortconv.models.zaya1 import ZayaForCausalLM
 from shortconv.tiny.checkpoint import build_hf_model
 

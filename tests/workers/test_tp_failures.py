@@ -14,11 +14,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from shortconv.configs.config import CheckpointError, ConfigError, EngineConfig  # noqa: E402
+from shortconv.configs.config import EngineConfig  # noqa: E402
 from shortconv.configs.hf.availability import transformers_lacks  # noqa: E402
 from shortconv.engine.executor import ExecutorError  # noqa: E402
 from shortconv.engine.llm_engine import LLMEngine  # noqa: E402
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult  # noqa: E402
+from shortconv.errors import CheckpointError, ConfigError  # noqa: E402
 from shortconv.execution.worker_spec import plan_worker_spec  # noqa: E402
 from shortconv.llm import LLM  # noqa: E402
 from shortconv.sampling.sampler import SamplingRow  # noqa: E402

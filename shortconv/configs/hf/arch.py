@@ -13,8 +13,6 @@ ARCH_BY_CLASS = {
     "Lfm2MoeForCausalLM": "lfm2_moe",
     "ZayaForCausalLM": "zaya1",
 }
-# Our arch name → the transformers `model_type` whose config class reads its config.json.
-MODEL_TYPE_BY_ARCH = {arch: mt for mt, arch in ARCH_BY_MODEL_TYPE.items()}
 
 
 def resolve_arch(raw: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from deployments.engine_types import Delta, EngineDead, EngineLike, EngineOverloaded
-from shortconv.engine.outputs import RequestOutput
+from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
 
 __all__ = ["AsyncEngine", "Delta", "EngineDead", "EngineLike", "EngineOverloaded"]
@@ -215,12 +215,12 @@ class AsyncEngine:
     def _cmd_add(self, arg: tuple[str, list[int], SamplingParams, _Stream]) -> None:
         rid, prompt, params, stream = arg
         if self._error is not None:  # submitted just as the engine died
-            _put(stream, _final(prompt, "error", self._error))
+            _put(stream, _final(prompt, FinishReason.ERROR, self._error))
             return
         try:
             self.engine.add_request(prompt, params, request_id=rid, session_id=stream.session_id)
         except Exception as exc:  # validated already; this is a race or a duplicate id
-            _put(stream, _final(prompt, "error", f"{type(exc).__name__}: {exc}"))
+            _put(stream, _final(prompt, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
             return
         self._streams[rid] = stream
         if stream.session_id is not None:
@@ -256,7 +256,7 @@ class AsyncEngine:
         _put(stream, Delta.of(out))
         # A failed request may mean a failed executor (dead TP rank), which fails every request
         # to come: go dead now (503 + failed health check) rather than answer 500s until replaced.
-        if out.finish_reason == "error" and (why := self._executor_error()) is not None:
+        if out.finish_reason == FinishReason.ERROR and (why := self._executor_error()) is not None:
             raise EngineDead(why)
 
     def _fail_all(self, message: str) -> None:
@@ -265,7 +265,7 @@ class AsyncEngine:
                 self.engine.abort_request(rid)
             except Exception:  # the engine may be the thing that broke
                 log.exception("abort of %s failed", rid)
-            _put(stream, _final([], "error", message))
+            _put(stream, _final([], FinishReason.ERROR, message))
         self._streams.clear()
 
     def _publish_stats(self, force: bool = False) -> None:
@@ -283,7 +283,7 @@ class AsyncEngine:
         self._stats = snapshot  # NOTE: replaced whole, so readers on other threads see one dict
 
 
-def _final(prompt: list[int], reason: str, error: str | None) -> Delta:
+def _final(prompt: list[int], reason: FinishReason, error: str | None) -> Delta:
     return Delta("", (), None, None, reason, len(prompt), 0, error)
 
 

@@ -15,9 +15,10 @@ from deployments.async_engine import Delta
 from deployments.openai_errors import APIError
 from deployments.openai_tools import ToolPlan, openai_tool_calls
 from deployments.tool_stream import ToolOutput
+from shortconv.engine.outputs import FinishReason
 
 # The engine's finish reasons that OpenAI has no word for end as "stop".
-_FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "stop"}
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Accumulator:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
@@ -53,7 +54,10 @@ class Accumulator:
         }
 
 
-_FAILED = ("error", "timeout")  # finish reasons that end a request without an answer
+_FAILED = (
+    FinishReason.ERROR,
+    FinishReason.TIMEOUT,
+)  # finish reasons that end a request without an answer
 
 
 def engine_error(message: str | None) -> APIError:
@@ -62,7 +66,7 @@ def engine_error(message: str | None) -> APIError:
 
 def failure(reason: str | None, message: str | None) -> APIError:
     """The error a failed request reports: the engine's (500) or our deadline's (504)."""
-    if reason == "timeout":
+    if reason == FinishReason.TIMEOUT:
         return APIError(message or "timed out", 504, "timeout_error", code="request_timeout")
     return engine_error(message)
 
@@ -118,7 +122,7 @@ class Formatter:
             raise failure(acc.finish_reason, acc.error)
         lp = self._logprobs(acc.token_ids, acc.logprobs, acc.top_logprobs or None)
         choice: dict[str, Any] = {"index": 0, "logprobs": lp}
-        choice["finish_reason"] = _FINISH.get(acc.finish_reason or "stop", "stop")
+        choice["finish_reason"] = _FINISH.get(acc.finish_reason or FinishReason.STOP, "stop")
         if self.chat:
             choice["message"] = {"role": "assistant", "content": acc.text}
             tools = self._tool_output()
@@ -221,7 +225,7 @@ async def with_deadline(deltas: AsyncIterator[Delta], timeout_s: float) -> Async
                 return
             except TimeoutError:
                 why = f"request exceeded request_timeout_s={timeout_s:g} and was aborted"
-                yield Delta("", (), None, None, "timeout", 0, 0, why)
+                yield Delta("", (), None, None, FinishReason.TIMEOUT, 0, 0, why)
                 return
             yield delta
             if delta.finish_reason is not None:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from deployments.openai_errors import APIError
 from deployments.openai_structured import NAME_PATTERN, ResponseFormat, check_json_schema
 from deployments.tool_parsers import BaseToolParser, Parsed, ParsedCall
+from shortconv.engine.outputs import FinishReason
 from shortconv.sampling.grammar import GrammarSpec
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -91,7 +92,7 @@ class ToolPlan:
     def calls(self, text: str, finish_reason: str | None) -> Parsed | None:
         """Content and tool calls of the finished output, or None when it holds no call."""
         if self.forced:
-            return self._forced_calls(text) if finish_reason == "stop" else None
+            return self._forced_calls(text) if finish_reason == FinishReason.STOP else None
         if self.mode == "auto" and self.parser is not None:
             parsed = self.parser.parse(text, self.schemas)
             known = all(c.name in self.schemas for c in parsed.calls)

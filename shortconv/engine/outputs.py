@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class FinishReason(StrEnum):
+    """Why a request ended; the values are the wire format (OpenAI's `finish_reason`, where it
+    has a word for it) and the metrics' `reason` label."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+    TIMEOUT = "timeout"  # the Serve layer's deadline (deployments/openai_format.py)
 
 
 @dataclass
 class RequestOutput:
     """Cumulative result of one request; `finished` once finish_reason is set.
 
-    token_ids are the generated ids only. finish_reason: stop | length | abort | error.
+    token_ids are the generated ids only.
     `num_cached_tokens` counts prompt tokens resumed from kept session state (not recomputed).
     """
 
@@ -17,7 +29,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     logprobs: list[float | None] | None = None
     top_logprobs: list[list[tuple[int, float]] | None] | None = None
     num_cached_tokens: int = 0

@@ -9,6 +9,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from shortconv.engine.outputs import FinishReason
+
 if TYPE_CHECKING:
     from shortconv.engine.stats import EngineStats
     from shortconv.execution.graph_runner import GraphStats
@@ -20,7 +22,7 @@ Labels = Mapping[str, str]
 # and FALLBACK_REASONS (a test keeps them equal; importing them here would pull in torch).
 REPLAY_FAILURE_REASONS = ("prepare", "replay")
 FALLBACK_REASONS = ("no_bucket", "replay_error")
-FINISHED_REASONS = ("stop", "length", "abort", "error")
+FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.ERROR)
 STEP_PHASES = ("decode", "extend", "mixed")
 _LABEL_VALUES = {"finished_reason": FINISHED_REASONS, "phase": STEP_PHASES}
 

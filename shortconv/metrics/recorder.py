@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shortconv.engine.outputs import FinishReason
 from shortconv.metrics.defs import (
     METRICS,
     Labels,
@@ -106,7 +107,7 @@ class MetricsRecorder:
             if out.error is not None:  # the step failed: no token was produced
                 self.request_dropped(out.request_id)
             else:
-                normal = out.finish_reason in ("stop", "length")
+                normal = out.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
                 self.token(out.request_id, now, out.finished, normal)
         self.sink.observe(_STEP, {"phase": step_phase(plan)}, (seconds,))
         self.record(stats)

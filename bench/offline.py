@@ -142,7 +142,7 @@ def ours_run(llm: LLM, w: Workload, tag: str) -> list[list[int]]:
                     done[out.request_id] = list(out.token_ids)
         got += [done[r] for r in rids]
     for s in sids:  # a clean pool for the next run
-        eng.scheduler.sessions.drop(s)
+        eng.sessions.drop(s)
     return got
 
 

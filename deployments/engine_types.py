@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shortconv.engine.outputs import RequestOutput
+from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from shortconv.cache.cached_sessions import CachedSessions
-    from shortconv.cache.sessions import SessionStore
+    from shortconv.cache.sessions import SessionPins
     from shortconv.engine.stats import EngineStats
     from shortconv.execution.graph_runner import GraphStats
     from shortconv.metrics.recorder import MetricsRecorder
@@ -45,7 +44,7 @@ class EngineLike(Protocol):
         """Raise (ExecutorError) when the executor's workers are unusable."""
 
     @property
-    def sessions(self) -> SessionStore | CachedSessions:
+    def sessions(self) -> SessionPins:
         """Kept session state: TTL (`ttl_s`), `evict_idle()`, `session_ids()`."""
 
     def shutdown(self) -> None: ...
@@ -67,7 +66,7 @@ class Delta:
     token_ids: tuple[int, ...]
     logprobs: tuple[float | None, ...] | None
     top_logprobs: tuple[list[tuple[int, float]] | None, ...] | None
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_cached_tokens: int
     error: str | None = None

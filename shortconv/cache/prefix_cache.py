@@ -17,7 +17,8 @@ get fresh logits). Every page and slot the tree holds carries one reference of i
 eviction (LRU, leaves and tails first) only drops the tree's references: a running request that
 resumed from an entry holds its own page references and its own copy of the state.
 
-Pure Python, owned by the scheduler; slot and page ids are the allocators' (same on every rank).
+Pure Python, owned by the cache manager (`manager.py`); slot and page ids are the allocators'
+(the same on every rank).
 """
 
 from __future__ import annotations
@@ -94,18 +95,22 @@ class PrefixCache:
         self._on_evict_pinned = on_evict_pinned
 
     # ---- lookup -------------------------------------------------------------------------
-    def match(self, tokens: Sequence[int]) -> CacheHit | None:
-        """The deepest checkpoint that prefixes `tokens` and covers fewer than all of them.
-        Counts nothing: the scheduler counts a lookup once its request is admitted."""
+    def match(
+        self, tokens: Sequence[int], usable: Callable[[CacheEntry], bool] | None = None
+    ) -> CacheHit | None:
+        """The deepest checkpoint that prefixes `tokens` and covers fewer than all of them
+        (only those `usable` accepts, when given). Counts nothing: the cache manager counts a
+        lookup once its request is admitted."""
         ps, n = self.page_size, len(tokens)
         node, pos, path = self.root, 0, []
         best: tuple[CacheEntry, tuple[int, ...]] | None = None
+        ok = usable or (lambda _: True)
         while True:
-            if node.slot is not None and 0 < pos < n:
+            if node.slot is not None and 0 < pos < n and ok(node):
                 best = (node, tuple(path))
             for key, tail in node.tails.items():
                 end = pos + len(key)
-                if end < n and (best is None or end > best[0].position(ps)):
+                if end < n and (best is None or end > best[0].position(ps)) and ok(tail):
                     if tuple(tokens[pos:end]) == key:
                         best = (tail, tuple(path))
             child = node.children.get(tuple(tokens[pos : pos + ps])) if n - pos >= ps else None
@@ -190,11 +195,18 @@ class PrefixCache:
         )
         if victim is None:
             return False
-        if victim.pins and self._on_evict_pinned is not None:
-            self._on_evict_pinned(victim)
         self._drop(victim, whole=need == "page" or victim.is_leaf or victim.is_tail)
         self.counters.evictions += 1
+        # NOTE: told after the drop: the pins it loses may discard its other entries.
+        if victim.pins and self._on_evict_pinned is not None:
+            self._on_evict_pinned(victim)
         return True
+
+    def discard(self, entry: CacheEntry) -> None:
+        """Drop `entry`'s checkpoint, and its page unless deeper entries still need it (no-op
+        for an entry already evicted)."""
+        if entry.slot is not None:
+            self._drop(entry, whole=entry.is_leaf or entry.is_tail)
 
     def flush(self) -> int:
         """Drop every entry (pinned included); returns how many were dropped."""

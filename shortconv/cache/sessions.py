@@ -1,120 +1,98 @@
-"""Kept session state: resume a session's next turn from its last turn's slots and KV pages.
+"""Sessions: a session is a pin on its latest checkpoints in the cache manager's tree.
 
-Each session keeps up to two checkpoints of the same conversation:
-  * `gen`: the state at the end of generation (prompt + answer tokens, minus the last sampled
-    token, which was never fed back) in the request's own slot and pages;
-  * `prompt`: the state at the end of the prompt, copied into a spare slot in the step that
-    finished the prompt; its KV pages are shared (refcounted), not copied.
-A next turn resumes from whichever checkpoint's tokens prefix its prompt (gen first), so a chat
-template that re-renders the previous answer differently still resumes from the prompt. Only
-one turn of a session runs at a time, so the two checkpoints never both grow.
+Every finished turn of a session leaves two checkpoints of the same conversation in the
+`PrefixCache`: the end of its prompt and the end of its generation (prompt + answer, minus the
+last sampled token, which was never fed back). The session pins both (pinned entries are evicted
+only after every unpinned one) and its next turn resumes from whichever prefixes the new prompt,
+so a chat template that re-renders the previous answer differently still resumes from the
+prompt. A session idle past `ttl_s`, evicted or dropped loses its pins; what an unpinned entry
+becomes is the manager's policy (`on_unpinned`): with prefix caching an ordinary LRU entry, without
+it gone at once (its slot and pages back). The replica reports the sessions it holds to the router.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
 
-from shortconv.cache.allocators import PageAllocator, SlotAllocator
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    slot: int
-    token_ids: tuple[int, ...]
-    pages: tuple[int, ...]
+from shortconv.cache.prefix_cache import CacheEntry
 
 
-@dataclass
-class KeptSession:
-    gen: Checkpoint | None
-    prompt: Checkpoint | None
-    last_used: float
-
-
-@dataclass(frozen=True)
-class Resume:
-    """What a new turn takes over: a slot whose state covers `num_tokens`, and its pages."""
-
-    slot: int
-    num_tokens: int
-    pages: list[int]
-
-
-class SessionStore:
-    def __init__(self, slots: SlotAllocator, pages: PageAllocator, ttl_s: float = 600.0):
-        self.slots, self.pages, self.ttl_s = slots, pages, ttl_s
-        self._kept: OrderedDict[str, KeptSession] = OrderedDict()  # LRU first
+class SessionPins:
+    def __init__(
+        self, ttl_s: float = 600.0, on_unpinned: Callable[[CacheEntry], None] | None = None
+    ) -> None:
+        self.ttl_s = ttl_s
+        self._on_unpinned = on_unpinned
+        self._held: OrderedDict[str, tuple[list[CacheEntry], float]] = OrderedDict()  # LRU first
+        self._by_entry: dict[CacheEntry, set[str]] = {}
         self.hits = self.misses = self.evictions = 0
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self._held)
 
     def __contains__(self, session_id: str) -> bool:
-        return session_id in self._kept
+        return session_id in self._held
 
-    def keep(self, session_id: str, gen: Checkpoint | None, prompt: Checkpoint | None) -> None:
-        """Take ownership of the checkpoints (their slots and page references)."""
-        old = self._kept.pop(session_id, None)
-        if old is not None:
-            self._release(old)
-        if gen is None and prompt is None:
-            return
-        self._kept[session_id] = KeptSession(gen, prompt, time.monotonic())
+    def holds(self, session_id: str, entry: CacheEntry) -> bool:
+        return session_id in self._by_entry.get(entry, ())
 
-    def take(self, session_id: str, prompt: list[int]) -> Resume | None:
-        """Remove the session and return the checkpoint its new prompt extends, if any."""
-        kept = self._kept.pop(session_id, None)
-        if kept is None:
+    def lookup(self, session_id: str, num_cached: int) -> None:
+        """Count a session turn's admission: a hit when it resumed any cached tokens."""
+        if num_cached > 0:
+            self.hits += 1
+        else:
             self.misses += 1
-            return None
-        for mine, other in ((kept.gen, kept.prompt), (kept.prompt, kept.gen)):
-            if mine is not None and _extends(prompt, mine.token_ids):
-                if other is not None:
-                    self._release_ckpt(other)
-                self.hits += 1
-                return Resume(mine.slot, len(mine.token_ids), list(mine.pages))
-        self._release(kept)
-        self.misses += 1
-        return None
+
+    def keep(self, session_id: str, entries: Iterable[CacheEntry | None]) -> None:
+        """Pin the session's latest checkpoints in place of its previous turn's (the new ones
+        are pinned first: an entry in both is never unpinned on the way)."""
+        live = [e for e in dict.fromkeys(entries) if e is not None and e.slot is not None]
+        old, _ = self._held.pop(session_id, ([], 0.0))
+        for e in live:
+            e.pins += 1
+            self._by_entry.setdefault(e, set()).add(session_id)
+        if live:
+            self._held[session_id] = (live, time.monotonic())
+        self._unpin(session_id, old, still=set(live))
+
+    def entry_evicted(self, entry: CacheEntry) -> None:
+        """The cache dropped a pinned checkpoint under pressure: its sessions lose every pin."""
+        for sid in list(self._by_entry.get(entry, ())):
+            self.drop(sid)
+            self.evictions += 1
 
     def evict_lru(self) -> bool:
-        if not self._kept:
+        if not self._held:
             return False
-        _, kept = self._kept.popitem(last=False)
-        self._release(kept)
+        self.drop(next(iter(self._held)))
         self.evictions += 1
         return True
 
     def evict_idle(self, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
-        stale = [sid for sid, k in self._kept.items() if now - k.last_used > self.ttl_s]
+        stale = [sid for sid, (_, seen) in self._held.items() if now - seen > self.ttl_s]
         for sid in stale:
-            self._release(self._kept.pop(sid))
+            self.drop(sid)
         self.evictions += len(stale)
         return len(stale)
 
     def drop(self, session_id: str) -> None:
-        kept = self._kept.pop(session_id, None)
-        if kept is not None:
-            self._release(kept)
+        held = self._held.pop(session_id, None)
+        if held is not None:
+            self._unpin(session_id, held[0])
 
     def session_ids(self) -> list[str]:
-        return list(self._kept)
+        return list(self._held)
 
-    def _release(self, kept: KeptSession) -> None:
-        for ckpt in (kept.gen, kept.prompt):
-            if ckpt is not None:
-                self._release_ckpt(ckpt)
-
-    def _release_ckpt(self, ckpt: Checkpoint) -> None:
-        self.slots.free(ckpt.slot)
-        if ckpt.pages:
-            self.pages.free(list(ckpt.pages))
-
-
-def _extends(prompt: list[int], kept: tuple[int, ...]) -> bool:
-    # NOTE: strictly longer: the new turn must feed at least one token to get fresh logits.
-    n = len(kept)
-    return 0 < n < len(prompt) and tuple(prompt[:n]) == kept
+    def _unpin(self, session_id: str, entries: list[CacheEntry], still: Collection = ()) -> None:
+        for e in entries:
+            e.pins -= 1
+            if e not in still:
+                sids = self._by_entry[e]
+                sids.discard(session_id)
+                if not sids:
+                    del self._by_entry[e]
+            if not e.pins and self._on_unpinned is not None:
+                self._on_unpinned(e)

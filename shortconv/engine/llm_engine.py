@@ -8,11 +8,10 @@ import time
 from collections.abc import Callable
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
-from shortconv.cache.cached_sessions import CachedSessions
-from shortconv.cache.sessions import SessionStore
+from shortconv.cache.sessions import SessionPins
 from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
-from shortconv.engine.outputs import RequestOutput
+from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
 from shortconv.engine.stats import EngineStats
@@ -128,7 +127,7 @@ class LLMEngine:
         out = self._outputs.pop(request_id, None)
         self._detok.pop(request_id, None)
         if out is not None and req is not None:
-            out.finish_reason = req.finish_reason or "abort"
+            out.finish_reason = req.finish_reason or FinishReason.ABORT
             self._count_finished(out.finish_reason)
         if self.metrics is not None:  # refreshed now: an idle engine may run no further step
             self.metrics.request_dropped(request_id)
@@ -169,13 +168,13 @@ class LLMEngine:
     def _fail_request(self, req: Request, message: str) -> RequestOutput:
         """End one request with an error, freeing its slot and pages."""
         if not req.finished:
-            self.scheduler.finish(req, "error")
+            self.scheduler.finish(req, FinishReason.ERROR)
         out = self._outputs.pop(req.request_id, None)
         out = out or RequestOutput(req.request_id, list(req.prompt_token_ids))
         self._detok.pop(req.request_id, None)
         self.grammars.release(req.request_id)
-        out.finish_reason, out.error = "error", message
-        self._count_finished("error")
+        out.finish_reason, out.error = FinishReason.ERROR, message
+        self._count_finished(FinishReason.ERROR)
         return out
 
     def _emit(self, req: Request) -> RequestOutput:
@@ -187,7 +186,9 @@ class LLMEngine:
         out.num_cached_tokens = req.num_cached_tokens
         tok = req.output_token_ids[-1]
         if self.grammars.accept(req.request_id, tok, req.finished) and not req.finished:
-            self.scheduler.finish(req, "stop")  # the grammar is complete (ignore_eos too)
+            self.scheduler.finish(
+                req, FinishReason.STOP
+            )  # the grammar is complete (ignore_eos too)
         out.new_token_ids = [tok]
         out.token_ids.append(tok)
         if out.logprobs is not None:
@@ -199,7 +200,7 @@ class LLMEngine:
         if detok is not None:
             out.new_text = detok.push([tok])
             if detok.stopped and not req.finished:
-                self.scheduler.finish(req, "stop")
+                self.scheduler.finish(req, FinishReason.STOP)
             elif req.finished:
                 out.new_text += detok.flush()
             out.text += out.new_text
@@ -214,33 +215,33 @@ class LLMEngine:
         failed = []
         for rid in list(self.scheduler.requests):
             req = self.scheduler.requests[rid]
-            self.scheduler.finish(req, "error")
+            self.scheduler.finish(req, FinishReason.ERROR)
             out = self._outputs.pop(rid)
             self._detok.pop(rid, None)
-            out.finish_reason, out.error = "error", message
-            self._count_finished("error")
+            out.finish_reason, out.error = FinishReason.ERROR, message
+            self._count_finished(FinishReason.ERROR)
             failed.append(out)
         log.error("step failed, %d requests failed: %s", len(failed), message)
         return failed
 
-    def _count_finished(self, reason: str | None) -> None:
-        key = reason or "unknown"
+    def _count_finished(self, reason: FinishReason | None) -> None:
+        key = str(reason or "unknown")
         self._finished[key] = self._finished.get(key, 0) + 1
 
     def stats(self) -> EngineStats:
-        sch = self.scheduler
+        sch, cm = self.scheduler, self.scheduler.cache_manager
         return EngineStats(
             pools=self._pools,
-            slots_used=sch.slots.num_used,
-            slots_total=sch.slots.capacity,
-            kv_pages_used=sch.pages.num_used,
-            kv_pages_total=sch.pages.capacity,
+            slots_used=cm.slots.num_used,
+            slots_total=cm.slots.capacity,
+            kv_pages_used=cm.pages.num_used,
+            kv_pages_total=cm.pages.capacity,
             num_running=len(sch.running),
             num_waiting=len(sch.waiting),
-            sessions_held=len(sch.sessions),
-            session_hits=sch.sessions.hits,
-            session_misses=sch.sessions.misses,
-            session_evictions=sch.sessions.evictions,
+            sessions_held=len(cm.sessions),
+            session_hits=cm.sessions.hits,
+            session_misses=cm.sessions.misses,
+            session_evictions=cm.sessions.evictions,
             prompt_tokens_total=self._counts["prompt"],
             generation_tokens_total=self._counts["generation"],
             cached_tokens_total=self._counts["cached"],
@@ -249,9 +250,10 @@ class LLMEngine:
         )
 
     def _prefix_cache_stats(self) -> dict[str, int]:
-        cache = self.scheduler.cache
-        if cache is None:
+        cm = self.scheduler.cache_manager
+        if not cm.prefix_caching:
             return {}
+        cache = cm.tree
         c = cache.counters
         return {
             "prefix_cache_query_tokens": c.query_tokens,
@@ -265,15 +267,15 @@ class LLMEngine:
     def flush_prefix_cache(self) -> int:
         """Drop every prefix-cache entry (kept sessions' checkpoints too): after it, an idle
         engine holds no slot and no page. Returns how many entries were dropped."""
-        dropped = self.scheduler.flush_prefix_cache()
+        dropped = self.scheduler.cache_manager.flush()
         self.refresh_metrics()
         return dropped
 
     # ---- health and introspection (the Serve layer's view: deployments.engine_types) -------
     @property
-    def sessions(self) -> SessionStore | CachedSessions:
-        """Kept session checkpoints (TTL, eviction, the ids this engine holds state for)."""
-        return self.scheduler.sessions
+    def sessions(self) -> SessionPins:
+        """Sessions' pins on kept checkpoints (TTL, eviction, the ids this engine holds)."""
+        return self.scheduler.cache_manager.sessions
 
     def check_health(self) -> None:
         """Raise ExecutorError when the executor (a TP worker) is unusable."""

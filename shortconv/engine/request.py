@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from shortconv.cache.prefix_cache import CacheEntry
-from shortconv.cache.sessions import Checkpoint
+from shortconv.engine.outputs import FinishReason
 from shortconv.sampling.sampling_params import SamplingParams
 
 
@@ -30,13 +30,12 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens already folded into the slot's state and KV pages
     num_preemptions: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     session_id: str | None = None
     num_cached_tokens: int = 0  # prompt tokens resumed from kept state (session or prefix cache)
-    prompt_ckpt: Checkpoint | None = None  # end-of-prompt snapshot, kept with the session
-    session_looked_up: bool = False  # the kept-state lookup happens once, at first admission
-    # Prefix caching: checkpoint (position, slot) pairs the running step writes, inserted into
-    # the cache once it has run; and the end-of-prompt entry a session pins.
+    looked_up: bool = False  # the checkpoint lookup is counted once, at the first admission
+    # Checkpoint (position, slot) pairs the running step writes, inserted into the cache
+    # manager's tree once it has run; and the end-of-prompt entry a session pins.
     pending_ckpts: list[tuple[int, int]] = field(default_factory=list)
     prompt_entry: CacheEntry | None = None
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
-from shortconv.cache.cached_sessions import CachedSessions
 from shortconv.cache.prefix_cache import PrefixCache
+from shortconv.cache.sessions import SessionPins
 
 PS = 4
 
@@ -82,7 +82,7 @@ def test_slot_pressure_drops_an_interior_checkpoint_but_keeps_its_page() -> None
 
 
 def test_pinned_entries_go_last_and_tell_their_session() -> None:
-    sessions = CachedSessions()
+    sessions = SessionPins()
     cache = PrefixCache(PS, SlotAllocator(8), PageAllocator(8), sessions.entry_evicted)
     checkpoint(cache, [1, 2, 3])
     checkpoint(cache, [4, 5, 6])

@@ -131,10 +131,11 @@ def test_concurrent_requests_share_pages(ckpt, ref):
     assert len(reqs) == 4 and all(r.num_cached_tokens == 40 for r in reqs)
     shared = reqs[0].pages[:5]
     assert all(r.pages[:5] == shared for r in reqs)
-    assert all(eng.scheduler.pages.refcount(p) == 5 for p in shared)  # 4 requests + the cache
+    refs = eng.scheduler.cache_manager.pages.refcount
+    assert all(refs(p) == 5 for p in shared)  # 4 requests + the cache
     while eng.has_unfinished():
         eng.step()
-    assert all(eng.scheduler.pages.refcount(p) == 1 for p in shared)
+    assert all(refs(p) == 1 for p in shared)
     assert_idle_after_flush(eng)
 
 

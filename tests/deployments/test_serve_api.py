@@ -16,8 +16,7 @@ import pytest
 from deployments.async_engine import AsyncEngine
 from deployments.engine_types import EngineOverloaded
 from deployments.openai_api import ApiConfig, build_openai_app
-from shortconv.cache.allocators import PageAllocator, SlotAllocator
-from shortconv.cache.sessions import SessionStore
+from shortconv.cache.sessions import SessionPins
 from shortconv.engine.outputs import RequestOutput
 from shortconv.engine.stats import EngineStats
 from shortconv.sampling.sampling_params import SamplingParams
@@ -51,7 +50,7 @@ class FakeEngine:
     def __init__(self, fail_after: int | None = None) -> None:
         self.tokenizer = FakeTokenizer()
         self.metrics = None
-        self.sessions = SessionStore(SlotAllocator(4), PageAllocator(4))
+        self.sessions = SessionPins()
         self.running: dict[str, RequestOutput] = {}
         self.params: dict[str, SamplingParams] = {}
         self.added: list[tuple[str, list[int], str | None]] = []

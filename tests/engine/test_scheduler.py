@@ -18,6 +18,11 @@ def make(
     return Scheduler(cfg, SlotAllocator(slots), PageAllocator(pages))
 
 
+def held(s: Scheduler) -> tuple[int, int]:
+    """Slots and pages in use."""
+    return s.cache_manager.slots.num_used, s.cache_manager.pages.num_used
+
+
 def fake_result(plan: StepPlan, token: int = 7) -> StepResult:
     ids = tuple(s.request_id for s in plan.seqs if s.sampling is not None)
     n = len(ids)
@@ -73,14 +78,14 @@ def test_finish_releases_slots_and_pages():
         s.add(req(f"r{i}", 5))
     while s.has_unfinished():
         run_step(s)
-    assert s.slots.num_used == 0 and s.pages.num_used == 0 and not s.requests
+    assert held(s) == (0, 0) and not s.requests
 
 
 def test_eos_and_stop_token_ids_finish():
     s = make()
     s.add(req("a", 3, SamplingParams(temperature=0.0, max_tokens=50)))
     run_step(s, token=2)
-    assert not s.has_unfinished() and s.slots.num_used == 0
+    assert not s.has_unfinished() and held(s)[0] == 0
     s.add(req("b", 3, SamplingParams(temperature=0.0, max_tokens=50, stop_token_ids=(9,))))
     run_step(s, token=9)
     assert not s.has_unfinished()
@@ -91,10 +96,10 @@ def test_abort_releases_everything_in_every_state():
     s.add(req("running", 10))
     s.add(req("waiting", 10))
     run_step(s)  # "running" holds a slot and pages mid-prefill
-    assert s.slots.num_used == 1 and s.pages.num_used > 0
+    assert held(s)[0] == 1 and held(s)[1] > 0
     s.abort("running")
     s.abort("waiting")
-    assert s.slots.num_used == 0 and s.pages.num_used == 0 and not s.has_unfinished()
+    assert held(s) == (0, 0) and not s.has_unfinished()
     assert s.abort("unknown") is None
 
 
@@ -114,9 +119,9 @@ def test_preemption_frees_and_recomputes():
             preempted = True
             assert r.status is Status.RUNNING or r.slot is None
         used = sum(len(x.pages) for x in s.requests.values())
-        assert used == s.pages.num_used  # every allocated page belongs to a live request
+        assert used == held(s)[1]  # every allocated page belongs to a live request
     assert preempted and not s.has_unfinished()
-    assert s.slots.num_used == 0 and s.pages.num_used == 0
+    assert held(s) == (0, 0)
 
 
 def test_preempted_request_replays_prompt_and_outputs():

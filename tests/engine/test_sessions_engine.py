@@ -33,7 +33,7 @@ def engine(ckpt, caching: bool, **kw) -> LLMEngine:
 
 def release_all(eng: LLMEngine) -> None:
     """Drop every kept session (and, with prefix caching, every cached entry)."""
-    while eng.scheduler.sessions.evict_lru():
+    while eng.sessions.evict_lru():
         pass
     eng.flush_prefix_cache()
 
@@ -90,7 +90,7 @@ def test_lru_eviction_under_slot_pressure_and_release(ckpt, caching):
     kw = dict(max_num_seqs=2, num_state_slots=5, max_num_batched_tokens=64)
     eng = engine(ckpt, caching, num_checkpoint_slots=1, **kw)
     ref = engine(ckpt, False)
-    sched = eng.scheduler
+    sched = eng.scheduler.cache_manager
     for i in range(6):  # far more sessions than spare slots: older ones are evicted
         out, _ = run(eng, [5 + i, 6, 7, 8], f"s{i}")
         assert out == run(ref, [5 + i, 6, 7, 8])[0]
@@ -120,7 +120,7 @@ def test_stats_track_occupancy_and_return_to_idle(ckpt, caching):
     eng.add_request([1, 2], G, request_id="gone")
     eng.step()
     eng.abort_request("gone")
-    eng.scheduler.sessions.drop("x")
+    eng.sessions.drop("x")
     eng.flush_prefix_cache()
     idle = eng.stats()
     assert idle.slots_used == 0 and idle.kv_pages_used == 0 and idle.sessions_held == 0

@@ -1,0 +1,257 @@
+"""One owner of state slots, KV pages, prefix checkpoints and session pins; the scheduler asks it.
+
+A request resumes from a checkpoint in the `PrefixCache` tree by a copy: the checkpointed state
+into a fresh slot (`copies_before`), a reference on every full cached page and a copy of a partly
+filled last page (`page_copies`), so nothing the tree holds is ever written by a request (an
+`n > 1` fork would be the same copy). While a prompt is prefilled its state is checkpointed into
+slots of its own (`SeqChunk.checkpoints` inside a chunk, `copies_after` at a chunk's end),
+inserted into the tree once the step has run; a request that completes hands its slot to the
+tree as its end-of-generation checkpoint. A session is a pin on its latest two (`sessions.py`).
+
+With prefix caching every request is looked up, every prompt checkpointed each
+`checkpoint_interval` tokens and at its end, every generation kept, and an entry nothing pins
+stays as an LRU entry. Without it the same tree holds sessions' checkpoints only: a session's
+request alone is looked up (among its own pins) and checkpointed (end of prompt, end of
+generation), and an entry is dropped as soon as nothing pins it.
+
+NOTE: `grow` is the one place a request gains KV pages and `release` the one place it loses
+them; a sliding-window layer's pages (LFM3) would leave in `grow` once they leave every window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shortconv.cache.allocators import PageAllocator, SlotAllocator
+from shortconv.cache.prefix_cache import CacheEntry, CacheHit, PrefixCache
+from shortconv.cache.sessions import SessionPins
+
+Copy = tuple[str, int, int]  # (request id, src, dst)
+
+
+class Holder(Protocol):
+    """What the manager reads and writes on a request (`engine.request.Request` is one)."""
+
+    request_id: str
+    session_id: str | None
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    slot: int | None
+    pages: list[int]
+    num_computed: int  # tokens folded into the slot's state and the KV pages
+    num_cached_tokens: int  # prompt tokens resumed from a checkpoint
+    looked_up: bool  # the lookup is counted once, at the first admission
+    pending_ckpts: list[tuple[int, int]]  # (position, slot) the running step writes
+    prompt_entry: CacheEntry | None  # the end-of-prompt checkpoint a session pins
+
+    @property
+    def all_token_ids(self) -> list[int]: ...
+
+
+@dataclass
+class StepCopies:
+    """One step's slot and page copies; each goes in the plan only while its request does (a
+    preempted request's slots were freed, maybe handed out again)."""
+
+    before: list[Copy] = field(default_factory=list)  # checkpoint -> a resuming request's slot
+    pages: list[Copy] = field(default_factory=list)  # a partly filled cached page, on write
+    after: list[Copy] = field(default_factory=list)  # a chunk's end state -> checkpoint slot
+
+    @staticmethod
+    def planned(group: list[Copy], planned: Container[str]) -> tuple[tuple[int, int], ...]:
+        return tuple((src, dst) for rid, src, dst in group if rid in planned)
+
+
+class CacheManager:
+    def __init__(
+        self,
+        slots: SlotAllocator,
+        pages: PageAllocator,
+        page_size: int,
+        *,
+        prefix_caching: bool,
+        checkpoint_interval: int,
+        session_ttl_s: float,
+    ) -> None:
+        self.slots, self.pages, self.page_size = slots, pages, page_size
+        self.prefix_caching, self.checkpoint_interval = prefix_caching, checkpoint_interval
+        self.tree = PrefixCache(page_size, slots, pages, lambda e: self.sessions.entry_evicted(e))
+        self.sessions = SessionPins(session_ttl_s, self._let_go)
+
+    # ---- admission ----------------------------------------------------------------------
+    def admit(self, req: Holder, budget: int, copies: StepCopies) -> int:
+        """Give a waiting request (it holds nothing) a slot and the pages of its next chunk,
+        resuming it from the deepest usable checkpoint. Returns the chunk's tokens; 0: no room,
+        and it holds nothing again (the tree still holds what a resume copied)."""
+        resumed = self._resume(req)
+        n = min(len(req.all_token_ids) - req.num_computed, budget)
+        if req.slot is None:
+            req.slot = self._alloc_slot()
+        if req.slot is None or not self.grow(req, req.num_computed + n):
+            self.forget(req)
+            return 0
+        copies.before += resumed[:1]
+        copies.pages += resumed[1:]
+        self._count_lookup(req)
+        return n
+
+    def _resume(self, req: Holder) -> tuple[Copy, ...]:
+        """Take over a checkpoint: its slot copy and (mid-page) page copy, or () (no hit, or no
+        room: the request runs fresh)."""
+        hit = self._lookup(req)
+        if hit is None:
+            return ()
+        # NOTE: take the page references first: the allocations below may evict the entry.
+        req.pages = list(hit.full_pages)
+        self.pages.share(req.pages)
+        req.slot = self._alloc_slot()
+        if req.slot is None:
+            self.forget(req)
+            return ()
+        copies: tuple[Copy, ...] = ((req.request_id, hit.slot, req.slot),)
+        if hit.partial_page is not None:  # one fresh page for the copy of the partial one
+            if not self.grow(req, hit.num_tokens):
+                self.forget(req)
+                return ()
+            copies += ((req.request_id, hit.partial_page, req.pages[-1]),)
+        req.num_computed = hit.num_tokens
+        if not req.output_token_ids:
+            req.num_cached_tokens = min(hit.num_tokens, len(req.prompt_token_ids))
+        return copies
+
+    def _lookup(self, req: Holder) -> CacheHit | None:
+        if self.prefix_caching:
+            return self.tree.match(req.all_token_ids)
+        sid = req.session_id
+        if sid is None or sid not in self.sessions:
+            return None
+        return self.tree.match(req.all_token_ids, lambda e: self.sessions.holds(sid, e))
+
+    def _count_lookup(self, req: Holder) -> None:
+        """Count an admitted request's lookup (a request that waits is not counted per pass)."""
+        if req.looked_up:
+            return
+        req.looked_up = True
+        self.tree.counters.query_tokens += len(req.prompt_token_ids)
+        self.tree.counters.hit_tokens += req.num_cached_tokens
+        if req.session_id is not None:
+            self.sessions.lookup(req.session_id, req.num_cached_tokens)
+
+    def forget(self, req: Holder) -> None:
+        """Free everything req holds; it starts over (a failed admission, a preemption)."""
+        self.release(req)
+        req.num_computed = 0
+        if not req.output_token_ids:
+            req.num_cached_tokens = 0
+
+    # ---- slots and pages ------------------------------------------------------------------
+    def grow(self, req: Holder, num_tokens: int) -> bool:
+        """Give req the pages to cover num_tokens (all or none), evicting cached entries LRU."""
+        extra = -(-num_tokens // self.page_size) - len(req.pages)
+        if extra <= 0:
+            return True
+        got = self.pages.alloc(extra)
+        while got is None and self.tree.evict("page"):
+            got = self.pages.alloc(extra)
+        if got is None:
+            return False
+        req.pages.extend(got)
+        return True
+
+    def _alloc_slot(self) -> int | None:
+        slot = self.slots.alloc()
+        while slot is None and self.tree.evict("slot"):
+            slot = self.slots.alloc()
+        return slot
+
+    def _checkpoint_slot(self) -> int | None:
+        """A free slot, evicting only unpinned entries (a checkpoint is worth less than a
+        session's)."""
+        slot = self.slots.alloc()
+        while slot is None and self.tree.evict("slot", allow_pinned=False):
+            slot = self.slots.alloc()
+        return slot
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def plan_checkpoints(
+        self, req: Holder, start: int, n: int, copies: StepCopies
+    ) -> tuple[tuple[int, int], ...]:
+        """Checkpoints of the prompt positions this chunk reaches: every interval (prefix
+        caching) and the end of the prompt (prefix caching, or a session). Inside the chunk
+        they go in the chunk; at its end, in `copies.after`. No free slot: fewer checkpoints,
+        never a failed step."""
+        end, plen, every = start + n, len(req.prompt_token_ids), self.checkpoint_interval
+        wanted: set[int] = set()
+        if self.prefix_caching:
+            wanted.update(range((start // every + 1) * every, min(end, plen) + 1, every))
+        if start < plen <= end and (self.prefix_caching or req.session_id is not None):
+            wanted.add(plen)
+        inside: list[tuple[int, int]] = []
+        for q in sorted(wanted):
+            slot = self._checkpoint_slot()
+            if slot is None:
+                break
+            req.pending_ckpts.append((q, slot))
+            if q == end:
+                copies.after.append((req.request_id, req.slot, slot))  # type: ignore[arg-type]
+            else:
+                inside.append((q - start, slot))
+        return tuple(inside)
+
+    def commit_checkpoints(self, req: Holder) -> None:
+        """After the step ran: insert the checkpoints it wrote into the tree."""
+        plen = len(req.prompt_token_ids)
+        for q, slot in req.pending_ckpts:
+            # NOTE: checkpoints are at prompt positions only (q <= len(prompt)).
+            entry = self.tree.insert(req.prompt_token_ids[:q], req.pages, slot)
+            if q == plen and req.session_id is not None:
+                req.prompt_entry = entry
+        req.pending_ckpts.clear()
+
+    # ---- leaving ------------------------------------------------------------------------
+    def finish(self, req: Holder, completed: bool) -> None:
+        """A request leaves. One that `completed` (stop or length) and is worth keeping (prefix
+        caching, or a session's turn) hands its slot to the tree as the end-of-generation
+        checkpoint (no copy), which its session pins with its end of prompt; everything else it
+        holds is freed (the tree took its own page references)."""
+        n = req.num_computed
+        keep = self.prefix_caching or req.session_id is not None
+        if completed and keep and req.slot is not None and n:
+            entry = self.tree.insert(req.all_token_ids[:n], req.pages, req.slot)
+            req.slot = None
+            if req.session_id is not None:
+                self.sessions.keep(req.session_id, [entry, req.prompt_entry])
+        self.release(req)
+
+    def release(self, req: Holder) -> None:
+        """Free everything req holds: slot, pages, checkpoint slots not written yet."""
+        for _, slot in req.pending_ckpts:
+            self.slots.free(slot)
+        req.pending_ckpts.clear()
+        if req.prompt_entry is not None:
+            self._let_go(req.prompt_entry)
+            req.prompt_entry = None
+        if req.slot is not None:
+            self.slots.free(req.slot)
+            req.slot = None
+        if req.pages:
+            self.pages.free(req.pages)
+            req.pages = []
+
+    def _let_go(self, entry: CacheEntry) -> None:
+        """An entry its holder let go: nothing else pinning it, it stays as an LRU entry with
+        prefix caching and goes at once (slot and pages back) without."""
+        if not self.prefix_caching and not entry.pins:
+            self.tree.discard(entry)
+
+    # ---- upkeep -------------------------------------------------------------------------
+    def evict_idle(self) -> int:
+        """Unpin sessions idle past their TTL."""
+        return self.sessions.evict_idle()
+
+    def flush(self) -> int:
+        """Drop every prefix-cache entry, sessions' too; returns how many. Without prefix
+        caching there is none (sessions' checkpoints go with their sessions)."""
+        return self.tree.flush() if self.prefix_caching else 0

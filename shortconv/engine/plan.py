@@ -36,7 +36,7 @@ class StepPlan:
     `copies_before` copies state slots (a request resuming from a prefix-cache checkpoint) and
     `page_copies` KV pages (copy on write of a cached, partly filled page) before the forward;
     `copies_after` snapshots slots after it (a checkpoint at the end of a chunk). A resumed
-    session without prefix caching runs in its kept slot and copies nothing before.
+    session is the same copy, with or without prefix caching.
 
     NOTE: each group is one gather then one scatter, so a slot or page freed and handed out
     again while this plan was scheduled is read before anything in the plan writes it."""

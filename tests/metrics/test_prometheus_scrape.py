@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from graph_helpers import FailOnce
 from prom_server import PromServer, free_port, prometheus_binary
 
 from shortconv.configs.config import EngineConfig
@@ -65,18 +66,6 @@ def run_all(engine: LLMEngine) -> dict[str, Any]:
     raise AssertionError("the engine did not finish its requests")
 
 
-class OneShot:
-    """The graph runner's fault hook: raise once after a replay (the forward already ran)."""
-
-    def __init__(self) -> None:
-        self.fired = False
-
-    def __call__(self, phase: str) -> None:
-        if phase == "after_replay" and not self.fired:
-            self.fired = True
-            raise RuntimeError("injected replay failure")
-
-
 def session_turns(engine: LLMEngine) -> int:
     """Two turns of one session; returns the second turn's resumed (cached) prompt tokens."""
     first = [11, 12, 13, 14]
@@ -90,7 +79,7 @@ def session_turns(engine: LLMEngine) -> int:
 
 def failure_traffic(engine: LLMEngine) -> None:
     """One forced replay failure, then decode steps past the largest context bucket."""
-    engine.executor.runner.graphs.fault_hook = OneShot()
+    FailOnce(engine.executor.runner.graphs, "after_replay")  # raises once, after the forward
     engine.add_request([3, 4, 5], GREEDY)
     run_all(engine)
     engine.add_request(LONG_PROMPT, GREEDY)

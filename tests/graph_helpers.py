@@ -170,7 +170,7 @@ def garbage_fill(g: GraphRunner, seed: int = 0) -> None:
     crash)."""
     gen = torch.Generator().manual_seed(seed)
     b = g.inputs
-    for t in (b.primary, b.primary_host, b.slot_mapping, b.block_tables, b.qsl_host):
+    for t in (b.primary, b.primary_host, b.block_tables, b.qsl_host):
         t.copy_(torch.randint(0, 3, t.shape, generator=gen))
     for t in (b.has_initial_state, b.has_initial_state_host):
         t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())

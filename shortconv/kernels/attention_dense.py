@@ -40,10 +40,17 @@ def dense_indices(step: StepTensors, scratch: StepScratch | None = None) -> Dens
 
 
 def _build(step: StepTensors) -> DenseAttentionIndices:
-    dev, page = step.block_tables.device, step.page_size
+    dev, page, b = step.block_tables.device, step.page_size, step.num_seqs
     ctx = torch.arange(step.max_seq_len, device=dev)
-    flat = step.block_tables.to(torch.int64)[:, ctx // page] * page + ctx % page
+    in_page = torch.arange(page, device=dev)
+    flat = (step.block_tables[:, :, None] * page + in_page).view(b, -1)[:, : step.max_seq_len]
     kv_gather = torch.where(ctx < step.seq_lens[:, None], flat, torch.zeros_like(flat))
+    if step.max_query_len == 1 and step.num_tokens == step.num_seqs:
+        # One query per row (decode, graph buckets): row i is token i, which sees 0..position.
+        rows = step.token_seq_index
+        return DenseAttentionIndices(
+            kv_gather, (ctx <= step.positions[:, None])[:, None], rows, rows
+        )
     qsl = step.query_start_loc.to(torch.int64)
     lens = qsl[1:] - qsl[:-1]
     qi = torch.arange(step.max_query_len, device=dev)

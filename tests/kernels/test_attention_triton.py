@@ -408,9 +408,9 @@ def test_refresh_writes_only_the_pages_the_plan_covers(device: str) -> None:
     bufs.refresh(plan, shape)
     bufs.derive(shape)
     width = -(-21 // page)  # the longest context: 20 + 1 positions
-    # ids, positions, token rows, slots, seq_lens, has_initial_state [B] each; qsl [B+1];
-    # logits rows [B]; the width; then the compact table [B, w].
-    used = 8 * shape.batch + 2 + shape.batch * width
+    # ids, positions, token rows, KV rows, slots, seq_lens, has_initial_state [B] each;
+    # qsl [B+1]; logits rows [B]; the width; then the compact table [B, w].
+    used = 9 * shape.batch + 2 + shape.batch * width
     for t in (bufs.primary_host, bufs.primary):
         assert bool((t[used:] == -7).all()) and not bool((t[:used] == -7).any())
     pad = SeqChunk("pad", (0,), 0, 0, (0,), None)

@@ -26,10 +26,10 @@ def tiny_checkpoint(arch: str, seed: int, root: Path | None = None) -> Path:
     included), so a changed generator never reuses a stale cache.
     """
     from shortconv.engine import tokenizer
-    from shortconv.tiny import make_tiny, tiny_templates
+    from shortconv.tiny import checkpoint, templates
 
     root = root or cache_root()
-    sources = (make_tiny, tiny_templates, tokenizer)
+    sources = (checkpoint, templates, tokenizer)
     digest = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in sources))
     digest = digest.hexdigest()[:10]
     final = root / f"tiny-{arch}-{seed}-{digest}"
@@ -38,7 +38,7 @@ def tiny_checkpoint(arch: str, seed: int, root: Path | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{arch}-", dir=root))
     try:
-        make_tiny.make_tiny_checkpoint(arch, tmp, seed=seed)
+        checkpoint.make_tiny_checkpoint(arch, tmp, seed=seed)
         try:
             os.rename(tmp, final)
         except OSError:

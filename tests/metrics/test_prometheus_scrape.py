@@ -31,7 +31,8 @@ pytestmark = pytest.mark.skipif(
     reason="the prometheus binary is not installed (Debian: apt-get install -y prometheus)",
 )
 
-TESTS = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+TESTS, ROOT = HERE.parent, HERE.parent.parent
 CONTEXT_BUCKET = 32  # the largest graph context: longer decode contexts run eagerly
 PROMPTS = [[5, 9, 13], [7, 8], [1, 2, 3, 4]]
 LONG_PROMPT = list(range(1, CONTEXT_BUCKET))  # its decode steps pass the largest bucket
@@ -144,8 +145,9 @@ def ray_metrics_port() -> Iterator[int]:
         _temp_dir=ray_tmp,
         num_cpus=2,
         object_store_memory=128 * 1024 * 1024,
-        # The actor class lives in this test module: workers import it (and prom_server) from here.
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(map(str, (TESTS, TESTS.parent)))}},
+        # The actor class lives in this test module: workers import it (and prom_server,
+        # graph_helpers from tests/) from here.
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(map(str, (HERE, TESTS, ROOT)))}},
         _metrics_export_port=port,
         # NOTE: workers push metrics to the node's agent every interval; 1 s keeps the test short.
         _system_config={"metrics_report_interval_ms": 1000},

@@ -15,10 +15,9 @@ Target: graph replay >= 3x faster than eager at batch 1 for the LFM2-350M shape.
 
 Capture. `SUMMARY capture` reports how many graphs were captured, over which context buckets,
 and in how long. On the paged (Triton) path that is one context bucket, the model's
-max_model_len; the former layout (dense gather and mask, one context bucket of `--context`) is
-captured next to it for the first model and replayed on the same plans (`SUMMARY
-decode_bucket`), so the single wide bucket's cost per replay at a short context is measured,
-not assumed.
+max_model_len; the former layout (one context bucket of `--context`) is captured next to it
+for the first model and replayed on the same plans (`SUMMARY decode_bucket`), so the single
+wide bucket's cost per replay at a short context is measured, not assumed.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from shortconv.configs.config import EngineConfig  # noqa: E402
 from shortconv.engine.plan import SeqChunk, StepPlan  # noqa: E402
 from shortconv.execution.backend import ShortConvBackend  # noqa: E402
 from shortconv.execution.graph_runner import GraphRunner  # noqa: E402
+from shortconv.kernels.dispatch import resolve_backend  # noqa: E402
 from shortconv.tiny.random_stack import LFM2_350M, ZAYA1_BASE, build_random_stack  # noqa: E402
 
 TINY_LFM2: dict[str, Any] = {
@@ -122,11 +122,9 @@ def bench_model(
     print(f"# {name}: built and captured in {time.perf_counter() - t0:.1f}s")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     former = None
-    if compare_former and not stack.backend.dense_attention:  # the paged path only
-        dense = ShortConvBackend(
-            stack.pool, stack.device, stack.backend.extra_state, dense_attention=True
-        )
-        former = captured(f"{name}-former", stack.model, dense, eng, context)
+    if compare_former and resolve_backend(stack.device) == "triton":  # the paged path only
+        own = ShortConvBackend(stack.pool, stack.device, stack.backend.extra_state)
+        former = captured(f"{name}-former", stack.model, own, eng, context)
     rows = []
     for b in batches:
         plan = decode_plan(b, context)
@@ -163,7 +161,7 @@ def captured(
     graphs = GraphRunner(model, backend, eng, max_model_len)
     graphs.capture()
     st = graphs.stats()
-    layout = "dense" if backend.dense_attention else "paged"
+    layout = "paged" if resolve_backend(backend.device) == "triton" else "dense"
     contexts = ",".join(str(c) for c in graphs.context_sizes)
     print(
         f"SUMMARY capture {name} attention={layout} graphs={st.num_graphs} "

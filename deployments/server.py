@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-import os
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
@@ -26,43 +25,10 @@ from deployments.metrics_sink import attach_ray_metrics
 from deployments.model_source import resolve_model, served_model_name
 from deployments.openai_api import ApiConfig, build_openai_app, resolve_api_key
 
-if TYPE_CHECKING:
-    from shortconv.engine.llm_engine import LLMEngine
-
 log = logging.getLogger(__name__)
 
 MAX_RECORDED_PREFIXES = 4096  # prefix hashes a replica reports (a few KiB in its stats)
 RESET_PREFIX_CACHE_PATH = "/v1/internal/reset_prefix_cache"
-
-# Test hook (tests/deployments/test_serve_metrics.py):
-# N > 0 makes the first N decode-graph replays of a
-# tp_size=1 replica raise after the forward, so a forced replay failure can be observed end to
-# end (state restored, the step recomputed eagerly and counted). Never set it in production.
-FAIL_REPLAYS_ENV = "SHORTCONV_TEST_FAIL_REPLAYS"
-
-
-class FailReplays:
-    """GraphRunner.fault_hook that raises on the first `n` "after_replay" phases."""
-
-    def __init__(self, n: int) -> None:
-        self.left = n
-
-    def __call__(self, phase: str) -> None:
-        if phase == "after_replay" and self.left > 0:
-            self.left -= 1
-            raise RuntimeError(f"{FAIL_REPLAYS_ENV}: injected replay failure")
-
-
-def install_test_faults(engine: LLMEngine) -> None:
-    """Apply FAIL_REPLAYS_ENV to the in-process graph runner (none with tp_size > 1 or graphs
-    off: the hook then has nowhere to go, which is logged)."""
-    n = int(os.environ.get(FAIL_REPLAYS_ENV, "0") or 0)
-    if n <= 0:
-        return
-    if not engine.set_graph_fault_hook(FailReplays(n)):
-        log.warning("%s=%d ignored: no in-process graph runner", FAIL_REPLAYS_ENV, n)
-        return
-    log.warning("%s=%d: the first %d graph replays will fail (test hook)", FAIL_REPLAYS_ENV, n, n)
 
 
 def build_engine(args: AppArgs) -> EngineLike:
@@ -93,7 +59,6 @@ def build_engine(args: AppArgs) -> EngineLike:
             **graphs,
         ),
     )
-    install_test_faults(engine)
     return engine
 
 

@@ -14,7 +14,8 @@ from shortconv.engine.plan import SeqChunk, StepPlan
 from shortconv.execution.graph_runner import GraphRunner
 from shortconv.execution.parallel import SINGLE
 from shortconv.execution.runner import ModelRunner
-from shortconv.execution.step_tensors import StepTensors, build_step_tensors
+from shortconv.execution.step_inputs import StepInputs
+from shortconv.execution.step_tensors import StepTensors
 from shortconv.execution.worker_spec import Capacity, WorkerSpec
 from shortconv.sampling.sampler import SamplingRow
 from shortconv.sampling.sampling_params import SamplingParams
@@ -108,25 +109,15 @@ class Seqs:
 
 
 def padded_step(runner: ModelRunner, plan: StepPlan, batch: int, context: int) -> StepTensors:
-    """Eager step tensors of the plan at exactly a bucket's shapes, built independently of the
-    static buffers, in the backend's layout: explicit scratch rows (slot 0, page 0) up to
-    `batch`, block_tables widened to the bucket's ceil(context / PAGE) pages with scratch page
-    0 (the Triton decode kernel's split count comes from that width, so the replay and this step
-    must agree on it) and, for the torch path, kv_gather and attn_mask widened to `context`
-    columns with masked scratch entries."""
+    """Eager step tensors of the plan at exactly a bucket's shapes, from step inputs of their
+    own (not the graph runner's buffers): explicit scratch rows (slot 0, page 0) up to `batch`
+    and block_tables widened to the bucket's ceil(context / PAGE) pages with scratch page 0
+    (the Triton decode kernel's split count comes from that width, and the torch path's dense
+    gather spans `context` columns, so the replay and this step must agree on both)."""
     pad = SeqChunk("pad", (0,), 1, 0, (0,), None)
     plan = StepPlan(plan.step_id, plan.seqs + (pad,) * (batch - len(plan.seqs)))
-    dense = runner.backend.dense_attention
-    step = build_step_tensors(plan, PAGE, runner.device, dense_attention=dense)
-    extra = context - step.max_seq_len
+    step = StepInputs(PAGE, runner.device).build(plan)
     extra_pages = -(-context // PAGE) - step.block_tables.shape[1]
-    if step.dense is not None:
-        wide = replace(
-            step.dense,
-            kv_gather=F.pad(step.kv_gather, (0, extra), value=0),
-            attn_mask=F.pad(step.attn_mask, (0, extra), value=False),
-        )
-        step = replace(step, dense=wide)
     return replace(
         step,
         max_seq_len=context,
@@ -175,13 +166,48 @@ def eager_hidden(runner: ModelRunner, plan: StepPlan, rows: int) -> torch.Tensor
 
 
 def garbage_fill(g: GraphRunner, seed: int = 0) -> None:
-    """Fill every per-step static buffer with in-range garbage (wrong results, no crash)."""
+    """Fill every per-step buffer of the step inputs with in-range garbage (wrong results, no
+    crash)."""
     gen = torch.Generator().manual_seed(seed)
-    b = g.buffers
-    for t in (b.primary, b.primary_host, b.kv_gather, b.slot_mapping, b.block_tables):
-        if t is not None:  # no kv_gather / attn_mask on the paged (Triton) path
-            t.copy_(torch.randint(0, 3, t.shape, generator=gen))
-    for t in (b.attn_mask, b.has_initial_state, b.has_initial_state_host):
-        if t is not None:
-            t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
+    b = g.inputs
+    for t in (b.primary, b.primary_host, b.block_tables, b.qsl_host):
+        t.copy_(torch.randint(0, 3, t.shape, generator=gen))
+    for t in (b.has_initial_state, b.has_initial_state_host):
+        t.copy_(torch.randint(0, 2, t.shape, generator=gen).bool())
     b.query_start_loc.copy_(torch.randint(0, 3, b.query_start_loc.shape, generator=gen))
+
+
+class FailOnce:
+    """Test-side fault injection into a GraphRunner: the first `times` calls at `phase` raise,
+    then the wrapped method is put back.
+
+    "prepare" wraps the step inputs' refresh (it raises before writing anything);
+    "after_replay" wraps the replay (it raises after the whole captured forward ran, so every
+    state write happened). `fired` counts the injected failures.
+    """
+
+    def __init__(self, g: GraphRunner, phase: str, times: int = 1) -> None:
+        if phase not in ("prepare", "after_replay"):
+            raise ValueError(f"unknown phase {phase!r}")
+        self.fired, self.left, self.phase = 0, times, phase
+        # NOTE: the step inputs are the backend's, shared with eager steps and other runners.
+        self.owner, self.name = (g.inputs, "refresh") if phase == "prepare" else (g, "_replay")
+        self.real = getattr(self.owner, self.name)
+        setattr(self.owner, self.name, self)
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        if self.phase == "prepare":
+            self._fail()
+            return self.real(*args, **kwargs)
+        out = self.real(*args, **kwargs)
+        self._fail()
+        return out
+
+    def _fail(self) -> None:
+        if self.left <= 0:
+            return
+        self.left -= 1
+        self.fired += 1
+        if self.left == 0:
+            setattr(self.owner, self.name, self.real)
+        raise RuntimeError(f"injected failure at {self.phase}")

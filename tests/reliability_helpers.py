@@ -1,8 +1,8 @@
-"""Shared by tests/deployments/test_reliability_*.py:
+"""Shared by tests/deployments/test_reliability_*.py and test_serve_metrics.py:
 a private Ray + Serve instance on loopback ports, SSE
-parsing, per-replica stats, and the fault-injecting engine factory the fault tests deploy.
+parsing, per-replica stats, and the fault-injecting engine factories the fault tests deploy.
 
-The factory is imported inside the replica as `tests.reliability_helpers:faulty_engine` (Ray puts
+A factory is imported inside the replica as `tests.reliability_helpers:faulty_engine` (Ray puts
 the driver's working directory, the repository root, on the workers' path), so this module
 imports nothing from the test modules and nothing heavy at import time.
 """
@@ -30,6 +30,7 @@ SLOW_STEP_S = 0.15
 FAULT_LOG_ENV = "SCSV_FAULT_LOG"  # file the factory appends one line to per preemption
 FAULT_KV_PAGES_ENV = "SCSV_FAULT_KV_PAGES"
 FAULT_KV_PAGE_SIZE = 8
+REPLAY_FAILURES = 1  # decode-graph replays replay_failing_engine makes fail
 
 
 def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, period_s: float = 0.2) -> Any:
@@ -169,4 +170,20 @@ def faulty_engine(args: Any) -> Any:
 
     engine._emit, engine.step = faulty_emit, slow_step  # type: ignore[method-assign]
     engine.scheduler._preempt = logged_preempt  # type: ignore[method-assign]
+    return engine
+
+
+def replay_failing_engine(args: Any) -> Any:
+    """The real engine (the deployment's default factory) whose in-process graph runner fails
+    its first REPLAY_FAILURES replays after the forward ran (injected from test code:
+    `graph_helpers.FailOnce`), so a replay failure is observed end to end: the step's state
+    restored, the step recomputed eagerly, both counted."""
+    from deployments.server import build_engine
+    from tests.graph_helpers import FailOnce
+
+    engine = build_engine(args)
+    graphs = engine.executor.runner.graphs
+    if graphs is None:
+        raise ValueError("replay_failing_engine needs tp_size=1 and enable_graphs")
+    FailOnce(graphs, "after_replay", times=REPLAY_FAILURES)
     return engine

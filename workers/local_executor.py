@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.plan import StepPlan, StepResult
 from shortconv.execution.graph_runner import GraphStats
@@ -38,10 +36,3 @@ class LocalExecutor(BaseExecutor):
     def graph_stats(self) -> GraphStats | None:
         graphs = self.runner.graphs if self.runner is not None else None
         return graphs.stats() if graphs is not None else None
-
-    def set_graph_fault_hook(self, hook: Callable[[str], None]) -> bool:
-        graphs = self.runner.graphs if self.runner is not None else None
-        if graphs is None:
-            return False
-        graphs.fault_hook = hook
-        return True

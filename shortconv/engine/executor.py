@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shortconv.engine.plan import StepPlan, StepResult
@@ -36,7 +35,3 @@ class BaseExecutor(ABC):
     def graph_stats(self) -> GraphStats | None:
         """The graph runner's counters where it runs in this process; None otherwise."""
         return None
-
-    def set_graph_fault_hook(self, hook: Callable[[str], None]) -> bool:
-        """Install a test fault hook on an in-process graph runner; False where there is none."""
-        return False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.sessions import SessionPins
@@ -284,10 +283,6 @@ class LLMEngine:
     def graph_stats(self) -> GraphStats | None:
         """Cumulative graph-replay counters, or None (graphs off, or held by remote ranks)."""
         return self.executor.graph_stats()
-
-    def set_graph_fault_hook(self, hook: Callable[[str], None]) -> bool:
-        """Test hook for the in-process graph runner; False where there is none."""
-        return self.executor.set_graph_fault_hook(hook)
 
     def refresh_metrics(self) -> None:
         """Push the current stats to the attached metrics (an idle engine runs no step)."""

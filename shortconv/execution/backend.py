@@ -15,11 +15,8 @@ import torch
 
 from shortconv.cache.state_pool import StatePool
 from shortconv.engine.plan import StepPlan
-from shortconv.execution.state_checkpoints import StateCheckpoints, build_state_checkpoints
-from shortconv.execution.step_tensors import StepScratch, StepTensors, build_step_tensors
-from shortconv.kernels.dispatch import needs_dense_attention
-
-PAD_SLOT_ID = -1
+from shortconv.execution.step_inputs import StepInputs
+from shortconv.execution.step_tensors import StepScratch, StepTensors
 
 
 @dataclass(frozen=True)
@@ -29,9 +26,6 @@ class ShortConvMetadata:
     conv_state: `[n_slots, conv_dim, width-1]` this layer's pool tensor; cache_indices int64 [B];
     query_start_loc int32 [B+1]; has_initial_state bool [B]; `extra_state` is the layer's second
     state (ZAYA1's previous-token value, `[n_slots, dim]`) or None. Host mirrors are for extend.
-    `checkpoints`: the step's prefix-cache checkpoints inside chunks (None on most steps and
-    always in a captured decode graph); see
-    `shortconv.execution.state_checkpoints.checkpoint_state`.
     """
 
     conv_state: torch.Tensor
@@ -41,7 +35,6 @@ class ShortConvMetadata:
     is_decode: bool
     step: StepTensors
     extra_state: torch.Tensor | None = None
-    checkpoints: StateCheckpoints | None = None
 
     @property
     def query_start_loc_cpu(self) -> torch.Tensor:
@@ -86,39 +79,25 @@ class BaseStateBackend(ABC):
 class ShortConvBackend(BaseStateBackend):
     """The backend shared by LFM2, LFM2-MoE and ZAYA1."""
 
-    def __init__(
-        self,
-        pool: StatePool,
-        device: torch.device,
-        extra_state: str | None = None,
-        dense_attention: bool | None = None,
-    ):
+    def __init__(self, pool: StatePool, device: torch.device, extra_state: str | None = None):
         self.pool = pool
         self.device = device
-        # NOTE: decided once (None: from the kernel dispatch); every step is built to match.
-        self.dense_attention = (
-            needs_dense_attention(device) if dense_attention is None else dense_attention
-        )
         self.extra_state = extra_state  # name of the second per-layer state, if the model has one
         self.num_resolutions = 0  # NOTE: tests count this to prove once-per-step resolution
         self._step: StepTensors | None = None
-        self._checkpoints: StateCheckpoints | None = None
+        # The one builder of step inputs: eager steps and the graph runner's buckets share it.
+        self.inputs = StepInputs(pool.kv_spec.page_size if pool.kv_spec else 1, device)
         self.scratch = StepScratch()
 
     def begin_step(self, plan: StepPlan) -> StepTensors:
-        page_size = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
-        step = build_step_tensors(
-            plan, page_size, self.device, self.scratch, dense_attention=self.dense_attention
-        )
+        step = self.inputs.build(plan)
         self.bind(step)
-        self._checkpoints = build_state_checkpoints(plan, self.device)
         return step
 
     def bind(self, step: StepTensors) -> None:
-        """Make `step` the current step (graph replay binds its static buffers here)."""
+        """Make `step` the current step (graph replay binds its bucket's step here)."""
         self.num_resolutions += 1
         self._step = step
-        self._checkpoints: StateCheckpoints | None = None
         self.scratch.new_step()
 
     @property
@@ -138,7 +117,6 @@ class ShortConvBackend(BaseStateBackend):
             is_decode=step.is_decode,
             step=step,
             extra_state=extra,
-            checkpoints=self._checkpoints,
         )
 
     def attention_metadata(self, layer_id: int) -> AttentionMetadata:

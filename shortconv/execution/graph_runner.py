@@ -2,10 +2,11 @@
 
 Every decode step is padded to a bucket: B = the smallest `graph_batch_sizes` entry >= its
 rows, L = the smallest context bucket >= its longest context. Rows past the plan are scratch
-rows (slot 0, page 0: the padding contract in `static_buffers`).
+rows (slot 0, page 0: the padding contract in `step_inputs`). A bucket's step tensors are the
+backend's own step inputs (`StepInputs`) viewed at the bucket's size.
 
-Context buckets depend on the attention path, decided once by the backend
-(`backend.dense_attention`):
+Context buckets depend on the attention path; the kernel dispatch names them once, at
+construction (`kernels.dispatch.attention_context_buckets`):
 
 * torch path (CPU): decode attention gathers each row's context into `[B, L]` and masks it; a
   captured step needs that L fixed. One L = max_model_len would make every step pay for the
@@ -14,12 +15,12 @@ Context buckets depend on the attention path, decided once by the backend
   vLLM's `max_seq_len_to_capture`.
 * Triton path (CUDA, or SHORTCONV_KERNELS=triton): the paged decode kernel reads only
   `block_tables` `[B, ceil(L / page)]` and bounds each row's work by its own seq_lens (its
-  splits divide the row's context, not the table), and the static buffers build no `[B, L]`
-  gather or mask. So one context bucket, the engine's KV-capped max_model_len, covers every
+  splits divide the row's context, not the table), and builds no `[B, L]` gather or mask. So
+  one context bucket, the engine's KV-capped max_model_len, covers every
   decode step: one graph per batch bucket, and no decode step falls back for its length.
 
 On CUDA each shape is captured once at start-up (largest first, one shared memory pool) and
-replayed; on CPU "capture" only allocates the static buffers and a replay runs the same forward
+replayed; on CPU "capture" only prepares the bucket's views and a replay runs the same forward
 eagerly on them, so CI tests the same buffer, padding and refresh protocol.
 
 Replay failures. The metadata refresh runs before anything touches state; a failure there
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -48,7 +49,8 @@ from shortconv.configs.config import EngineConfig
 from shortconv.engine.plan import StepPlan
 from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
-from shortconv.execution.static_buffers import DecodeShape, StaticDecodeBuffers
+from shortconv.execution.step_inputs import DecodeShape
+from shortconv.kernels.dispatch import attention_context_buckets, resolve_backend
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +87,12 @@ def batch_buckets(sizes: tuple[int, ...], max_num_seqs: int) -> tuple[int, ...]:
     return tuple(b for b in ladder if b < max_num_seqs) + tuple(covering[:1])
 
 
-def context_buckets(
-    sizes: tuple[int, ...], max_model_len: int, dense_attention: bool = True
-) -> tuple[int, ...]:
-    """Sorted context buckets, each capped at max_model_len; the paged (Triton) attention path
-    (`dense_attention=False`) needs one only, max_model_len itself (see the module docstring)."""
+def context_buckets(sizes: tuple[int, ...], max_model_len: int) -> tuple[int, ...]:
+    """Sorted context buckets, each capped at max_model_len."""
     ladder = sorted({min(int(c), max_model_len) for c in sizes})
     if not ladder or ladder[0] < 1:
         raise ConfigError(f"graph_context_sizes must be positive integers, got {sizes}")
-    return tuple(ladder) if dense_attention else (max_model_len,)
+    return tuple(ladder)
 
 
 class GraphRunner:
@@ -112,11 +111,15 @@ class GraphRunner:
         self.tp_size = tp_size
         self.use_cuda_graphs = self.device.type == "cuda"
         self.batch_sizes = batch_buckets(engine_cfg.graph_batch_sizes, engine_cfg.max_num_seqs)
-        dense = backend.dense_attention
-        self.context_sizes = context_buckets(engine_cfg.graph_context_sizes, max_model_len, dense)
-        page = self.pool.kv_spec.page_size if self.pool.kv_spec else 1
-        self.buffers = StaticDecodeBuffers(
-            self.batch_sizes[-1], self.context_sizes[-1], page, self.device, dense_attention=dense
+        ladder = context_buckets(engine_cfg.graph_context_sizes, max_model_len)
+        self.context_sizes = attention_context_buckets(self.device, ladder, max_model_len)
+        self.inputs = backend.inputs
+        # Room for every bucket and every eager step before anything is captured.
+        b = self.batch_sizes[-1]
+        self.inputs.reserve(
+            max(engine_cfg.max_num_batched_tokens, b),
+            max(engine_cfg.max_num_seqs, b),
+            max(max_model_len, self.context_sizes[-1]),
         )
         # NOTE: modules that sync the host on their default path (FusedExperts) expose a
         # `capture_safe` flag; it is on only while a captured step is recorded or run.
@@ -128,8 +131,6 @@ class GraphRunner:
         self._failures = dict.fromkeys(FAILURE_PHASES, 0)
         self._fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
         self._capture_seconds = 0.0
-        # Test hook: called with "prepare" before the refresh and "after_replay" after a replay.
-        self.fault_hook: Callable[[str], None] | None = None
 
     # ---- start-up -----------------------------------------------------------------------
     def shapes(self) -> list[DecodeShape]:
@@ -142,16 +143,16 @@ class GraphRunner:
         shapes = self.shapes()
         pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         log.info(
-            "capturing %d decode graphs: batch sizes %s x context sizes %s (%s attention)",
+            "capturing %d decode graphs: batch sizes %s x context sizes %s (%s kernels)",
             len(shapes),
             list(self.batch_sizes),
             list(self.context_sizes),
-            "dense torch" if self.buffers.dense_attention else "paged Triton",
+            resolve_backend(self.device),
         )
         start = time.perf_counter()
         for k, shape in enumerate(shapes, 1):
             t0 = time.perf_counter()
-            self.buffers.step(shape)  # allocates the views once
+            self.inputs.graph_step(shape)  # builds the views once
             if self.use_cuda_graphs:
                 self._capture_cuda(shape, pool)
             self._ready.add(shape)
@@ -166,11 +167,12 @@ class GraphRunner:
                 1e3 * (now - t0),
                 now - start,
             )
+        self.inputs.freeze()
         self._capture_seconds = time.perf_counter() - start
         log.info("%d decode graphs ready in %.2f s", len(shapes), self._capture_seconds)
 
     def _capture_cuda(self, shape: DecodeShape, pool: tuple[int, int] | None) -> None:
-        self.buffers.refresh(None, shape)  # all scratch rows: warm-up touches no live state
+        self.inputs.refresh(None, shape)  # all scratch rows: warm-up touches no live state
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -207,14 +209,12 @@ class GraphRunner:
         if shape is None:
             return self._eager(plan, "no_bucket")
         try:
-            self._hook("prepare")
-            self.buffers.refresh(plan, shape)
+            self.inputs.refresh(plan, shape)
         except Exception as exc:
             return self._failed(plan, "prepare", exc, None)
         snapshot = self._snapshot(shape)
         try:
             hidden = self._replay(shape)
-            self._hook("after_replay")
         except Exception as exc:
             return self._failed(plan, "replay", exc, snapshot)
         self._replays += 1
@@ -224,13 +224,13 @@ class GraphRunner:
         if not self.use_cuda_graphs:
             return self._forward(shape)
         self._graphs[shape].replay()
-        self.backend.bind(self.buffers.step(shape))  # keep backend.step coherent for readers
+        self.backend.bind(self.inputs.graph_step(shape))  # keep backend.step coherent for readers
         return self._outputs[shape]
 
     def _forward(self, shape: DecodeShape) -> torch.Tensor:
         """The captured region: derive the step tensors, then the model forward."""
-        step = self.buffers.step(shape)
-        self.buffers.derive(shape)
+        step = self.inputs.graph_step(shape)
+        self.inputs.derive(shape)
         self.backend.bind(step)
         with self.static_shapes():
             return self.model(step.input_ids, self.backend)
@@ -249,7 +249,7 @@ class GraphRunner:
     def _snapshot(self, shape: DecodeShape) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # Pad rows repeat slot 0; their copies are taken at one instant, so restoring them all
         # writes one identical value and stays deterministic.
-        slots = self.buffers.step(shape).cache_indices.clone()
+        slots = self.inputs.graph_step(shape).cache_indices.clone()
         return slots, {k: t.index_select(1, slots) for k, t in self.pool.states.items()}
 
     def _restore(self, snapshot: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> None:
@@ -284,10 +284,6 @@ class GraphRunner:
         step = self.backend.begin_step(plan)
         hidden = self.model(step.input_ids, self.backend)
         return DecodeOutput(hidden[step.logits_indices], False)
-
-    def _hook(self, phase: str) -> None:
-        if self.fault_hook is not None:
-            self.fault_hook(phase)
 
     def stats(self) -> GraphStats:
         return GraphStats(

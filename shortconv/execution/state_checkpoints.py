@@ -1,31 +1,18 @@
 """The step's prefix-cache checkpoints, resolved once per step like the rest of the metadata.
 
 `SeqChunk.checkpoints` names, per chunk, positions inside it whose recurrent state goes to a
-checkpoint slot; `build_state_checkpoints` packs them into device tensors, and each conv-like
-layer calls `checkpoint_state` with its state inputs before its kernel updates the live slots.
+checkpoint slot; `build_state_checkpoints` packs them into device tensors (the step builder
+puts them on `StepTensors.checkpoints`), and each conv-like layer calls `checkpoint_state` with
+its state inputs before its kernel updates the live slots.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
 from shortconv.engine.plan import StepPlan
+from shortconv.execution.step_tensors import StateCheckpoints, StepTensors
 from shortconv.kernels.state_checkpoint import save_state_checkpoints
-
-if TYPE_CHECKING:
-    from shortconv.execution.backend import ShortConvMetadata
-
-
-@dataclass(frozen=True)
-class StateCheckpoints:
-    """int64 [N] each: the checkpoint's batch row, tokens of its chunk folded in, dest slot."""
-
-    seq: torch.Tensor
-    length: torch.Tensor
-    slot: torch.Tensor
 
 
 def build_state_checkpoints(plan: StepPlan, device: torch.device) -> StateCheckpoints | None:
@@ -36,19 +23,19 @@ def build_state_checkpoints(plan: StepPlan, device: torch.device) -> StateCheckp
     return StateCheckpoints(seq, length, slot)
 
 
-def checkpoint_state(x: torch.Tensor, state: torch.Tensor, md: ShortConvMetadata) -> None:
+def checkpoint_state(x: torch.Tensor, state: torch.Tensor, step: StepTensors) -> None:
     """Write the step's checkpoints of one state kind: x [C, T] the layer's packed state
     inputs, state `[n_slots, C, K]` (a `[n_slots, D]` state is viewed as K = 1)."""
-    ck = md.checkpoints
+    ck = step.checkpoints
     if ck is None:
         return
     view = state.unsqueeze(-1) if state.dim() == 2 else state
     save_state_checkpoints(
         x,
         view,
-        md.query_start_loc,
-        md.cache_indices,
-        md.has_initial_state,
+        step.query_start_loc,
+        step.cache_indices,
+        step.has_initial_state,
         ck.seq,
         ck.length,
         ck.slot,

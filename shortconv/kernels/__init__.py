@@ -9,6 +9,7 @@ one. See `dispatch` for details.
 from __future__ import annotations
 
 from shortconv.kernels.dispatch import (
+    attention_context_buckets,
     causal_conv1d_fn,
     causal_conv1d_update,
     cca_conv_fn,
@@ -16,20 +17,19 @@ from shortconv.kernels.dispatch import (
     cca_prev_value_fn,
     cca_prev_value_update,
     fused_moe,
-    needs_dense_attention,
     paged_attention,
     resolve_backend,
     write_kv,
 )
 
 __all__ = [
+    "attention_context_buckets",
     "causal_conv1d_fn",
     "causal_conv1d_update",
     "cca_conv_fn",
     "cca_conv_update",
     "cca_prev_value_fn",
     "cca_prev_value_update",
-    "needs_dense_attention",
     "paged_attention",
     "resolve_backend",
     "fused_moe",

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from shortconv.execution.step_tensors import StepScratch, StepTensors
+from shortconv.kernels.attention_dense import DenseAttentionIndices, dense_indices
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class _Group:
     unpad: torch.Tensor | None = None
 
 
-def _groups(step: StepTensors) -> tuple[_Group | None, _Group | None]:
+def _groups(step: StepTensors, dense: DenseAttentionIndices) -> tuple[_Group | None, _Group | None]:
     """(one-query rows, multi-token chunks) of an eager step, from its host mirrors.
 
     Why: the padded layout gives every sequence the longest chunk's query count, so a step that
@@ -39,7 +40,7 @@ def _groups(step: StepTensors) -> tuple[_Group | None, _Group | None]:
     """
     qsl = step.query_start_loc_cpu.tolist()
     seq_lens = step.seq_lens_cpu.tolist()
-    dev = step.kv_gather.device
+    dev = dense.kv_gather.device
     groups: list[_Group | None] = []
     for single in (True, False):
         seqs = [i for i in range(step.num_seqs) if (qsl[i + 1] - qsl[i] == 1) == single]
@@ -49,13 +50,13 @@ def _groups(step: StepTensors) -> tuple[_Group | None, _Group | None]:
         toks = [t for i in seqs for t in range(qsl[i], qsl[i + 1])]
         max_len = max(seq_lens[i] for i in seqs)
         idx = torch.tensor(seqs, dtype=torch.int64, device=dev)
-        group = _Group(idx, torch.tensor(toks, device=dev), max_len, step.kv_gather[idx, :max_len])
+        group = _Group(idx, torch.tensor(toks, device=dev), max_len, dense.kv_gather[idx, :max_len])
         if not single:
             q = step.max_query_len
             unpad = [
                 g * q + t - qsl[i] for g, i in enumerate(seqs) for t in range(qsl[i], qsl[i + 1])
             ]
-            q_rows = step.q_pad_index.view(step.num_seqs, q)[idx].reshape(-1)
+            q_rows = dense.q_pad_index.view(step.num_seqs, q)[idx].reshape(-1)
             group = replace(group, q_rows=q_rows, unpad=torch.tensor(unpad, device=dev))
         groups.append(group)
     return groups[0], groups[1]
@@ -144,14 +145,15 @@ def paged_attention_cpu(
     two batched matmuls around a softmax; multi-token chunks go through SDPA, each group over
     its own longest context (see `_groups`)."""
     num_tokens, num_heads, head_dim = q.shape
+    dense = dense_indices(step, scratch)
     if step.max_query_len == 1 and num_tokens == step.num_seqs:  # all decode (graph buffers too)
-        mask = step.attn_mask.view(step.num_seqs, step.max_seq_len)
-        return _decode_attention(q, k_cache, v_cache, step.kv_gather, mask, scale, scratch, "all")
-    single, multi = scratch.per_step("attn_groups", lambda: _groups(step))
+        mask = dense.attn_mask.view(step.num_seqs, step.max_seq_len)
+        return _decode_attention(q, k_cache, v_cache, dense.kv_gather, mask, scale, scratch, "all")
+    single, multi = scratch.per_step("attn_groups", lambda: _groups(step, dense))
     out = q.new_empty(q.shape)
     if single is not None:
         live = scratch.per_step(
-            "single_live", lambda: step.attn_mask[single.seqs, 0, : single.max_len]
+            "single_live", lambda: dense.attn_mask[single.seqs, 0, : single.max_len]
         )
         part = _decode_attention(
             q[single.tokens], k_cache, v_cache, single.gather, live, scale, scratch, "single"
@@ -164,7 +166,7 @@ def paged_attention_cpu(
     g, max_q = multi.seqs.numel(), step.max_query_len
     q_rows = torch.cat([q, q.new_zeros(1, num_heads, head_dim)], dim=0)
     q_pad = q_rows[multi.q_rows].view(g, max_q, num_heads, head_dim).transpose(1, 2)
-    mask = step.attn_mask[multi.seqs, :, : multi.max_len][:, None]
+    mask = dense.attn_mask[multi.seqs, :, : multi.max_len][:, None]
     res = F.scaled_dot_product_attention(
         q_pad, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != num_heads
     )

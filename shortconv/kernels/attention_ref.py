@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shortconv.execution.step_tensors import StepTensors
+from shortconv.execution.step_tensors import StepScratch, StepTensors
+from shortconv.kernels.attention_dense import dense_indices
 
 
 def write_kv_ref(
@@ -32,27 +33,29 @@ def paged_attention_ref(
     v_cache: torch.Tensor,
     step: StepTensors,
     scale: float,
+    scratch: StepScratch | None = None,
 ) -> torch.Tensor:
     """q `[T, Hq, d]` (new tokens, packed) → out `[T, Hq, d]`, attending over each sequence's
-    context gathered from its pages (`step.kv_gather`, `step.attn_mask`) in one padded SDPA
+    context gathered from its pages (`attention_dense`: kv_gather, attn_mask) in one padded SDPA
     call. GQA: Hq must be a multiple of Hk. The torch path off CPU; the CPU fast path in
     `attention_cpu` is checked against it."""
     num_tokens, num_heads, head_dim = q.shape
     b, max_q = step.num_seqs, step.max_query_len
+    dense = dense_indices(step, scratch)
     q_rows = torch.cat([q, q.new_zeros(1, num_heads, head_dim)], dim=0)
-    q_pad = q_rows[step.q_pad_index].view(b, max_q, num_heads, head_dim).transpose(1, 2)
-    keys = k_cache[step.kv_gather].transpose(1, 2)  # [B, Hk, L, d]
-    values = v_cache[step.kv_gather].transpose(1, 2)
+    q_pad = q_rows[dense.q_pad_index].view(b, max_q, num_heads, head_dim).transpose(1, 2)
+    keys = k_cache[dense.kv_gather].transpose(1, 2)  # [B, Hk, L, d]
+    values = v_cache[dense.kv_gather].transpose(1, 2)
     out = F.scaled_dot_product_attention(
         q_pad,
         keys.to(q.dtype),
         values.to(q.dtype),
-        attn_mask=step.attn_mask[:, None],
+        attn_mask=dense.attn_mask[:, None],
         scale=scale,
         enable_gqa=keys.shape[1] != num_heads,
     )
     out = out.transpose(1, 2).reshape(b * max_q, num_heads, head_dim)
-    return out[step.q_unpad_index]
+    return out[dense.q_unpad_index]
 
 
 def _attend_one(

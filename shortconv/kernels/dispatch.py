@@ -72,16 +72,17 @@ def _triton_or_none(device: torch.device, module: str) -> ModuleType | None:
         return None
 
 
-def needs_dense_attention(device: torch.device) -> bool:
-    """Whether `paged_attention` on `device` takes the torch path, which reads the step's
-    dense `kv_gather` / `attn_mask` (the paged Triton kernels read only `block_tables`).
+def attention_context_buckets(
+    device: torch.device, ladder: tuple[int, ...], max_model_len: int
+) -> tuple[int, ...]:
+    """The context buckets a captured decode step needs on `device`'s attention path.
 
-    The backend asks once, at construction, and builds every step (and the graph runner its
-    static buffers) to match; the same choice as `paged_attention`'s, so the two cannot differ
-    unless SHORTCONV_KERNELS changes afterwards, and then the torch path raises
-    `MissingDenseIndices` rather than run without its tensors.
+    The torch path gathers each row's context densely (`[B, L]`, `attention_dense`), so it
+    takes the ladder (at most 2x waste when it doubles). The paged Triton kernels read
+    `block_tables` and bound each row's work by its own seq_lens, so one bucket, max_model_len,
+    covers every decode step.
     """
-    return _triton_or_none(device, "attention_triton") is None
+    return ladder if _triton_or_none(device, "attention_triton") is None else (max_model_len,)
 
 
 def _pick(
@@ -283,16 +284,15 @@ def paged_attention(
     Triton backend: the paged kernels read the pool in place through `step.block_tables`
     (decode kernel when every row has one query, the varlen extend kernel otherwise); no SDPA.
     Torch backend: on CPU with `scratch` (the backend's reused buffers) the gathered fast path
-    of `attention_cpu`, otherwise the padded SDPA reference; both need `step.dense` (a step
-    built with dense_attention=True) and raise `MissingDenseIndices` without it.
+    of `attention_cpu`, otherwise the padded SDPA reference; both derive their dense layout
+    from the block tables (`attention_dense`).
     """
     mod = _triton_or_none(q.device, "attention_triton")
     if mod is not None:
         return _paged_attention_triton(mod, q, k_cache, v_cache, step, scale)
-    step.dense_indices()  # NOTE: a step built for the paged kernels fails here, by name
     if scratch is not None and q.device.type == "cpu" and k_cache.dtype == q.dtype:
         return paged_attention_cpu(q, k_cache, v_cache, step, scale, scratch)
-    return paged_attention_ref(q, k_cache, v_cache, step, scale)
+    return paged_attention_ref(q, k_cache, v_cache, step, scale, scratch)
 
 
 def _paged_attention_triton(

@@ -130,7 +130,7 @@ class CCAProjection(nn.Module):
                 qk, md.conv_state, dw.weight, dw.bias, gw.weight, gw.bias, md.cache_indices
             )
         else:
-            checkpoint_state(qk.t(), md.conv_state, md)
+            checkpoint_state(qk.t(), md.conv_state, md.step)
             conv = cca_conv_fn(
                 qk.t(),
                 dw.weight,
@@ -157,7 +157,7 @@ class CCAProjection(nn.Module):
         """Each token's previous-token delayed value; updates the slot's prev_state."""
         if md.is_decode:
             return cca_prev_value_update(delayed, md.extra_state, md.cache_indices)
-        checkpoint_state(delayed.t(), md.extra_state, md)
+        checkpoint_state(delayed.t(), md.extra_state, md.step)
         # A fresh sequence's first token sees v_proj_delayed(0), which is the bias.
         return cca_prev_value_fn(
             delayed,

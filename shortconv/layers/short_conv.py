@@ -34,7 +34,7 @@ class ShortConv(nn.Module):
                 bu, md.conv_state, self.conv_weight, self.conv_bias, md.cache_indices
             )
         else:
-            checkpoint_state(bu.transpose(0, 1), md.conv_state, md)
+            checkpoint_state(bu.transpose(0, 1), md.conv_state, md.step)
             y = causal_conv1d_fn(
                 bu.transpose(0, 1),
                 self.conv_weight,

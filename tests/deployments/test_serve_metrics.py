@@ -1,11 +1,12 @@
 """The metrics acceptance test: the real service, scraped by a real Prometheus.
 
 One LLMServer replica (tiny LFM2, decode graphs on with batch buckets [1, 2], one forced replay
-failure through the SHORTCONV_TEST_FAIL_REPLAYS hook) runs under `serve.run` on a private Ray
-runtime whose metrics export port a loopback Prometheus scrapes every second. Traffic: one plain
-request (its first decode replay is the forced failure), three 3-turn sessions, a burst of
-concurrent requests (more decode rows than the largest bucket: eager no_bucket steps), one more
-plain request. Everything is asserted through Prometheus' query API, as a dashboard sees it.
+failure injected by the test's engine factory, `reliability_helpers.replay_failing_engine`)
+runs under `serve.run` on a private Ray runtime whose metrics export port a loopback
+Prometheus scrapes every second. Traffic: one plain request (its first decode replay is the
+forced failure), three 3-turn sessions, a burst of concurrent requests (more decode rows than
+the largest bucket: eager no_bucket steps), one more plain request. Everything is asserted
+through Prometheus' query API, as a dashboard sees it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any
 import httpx
 import pytest
 from prom_server import PromServer, free_port, prometheus_binary
+from reliability_helpers import REPLAY_FAILURES, replay_failing_engine
 
 from deployments.app import build_app, deployment_options, parse_args
-from deployments.server import FAIL_REPLAYS_ENV, FailReplays, build_engine
+from deployments.server import build_engine
+from shortconv.sampling.sampling_params import SamplingParams
 
 APP = "scm"
 MODEL = "tiny-lfm2"
@@ -78,8 +81,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             }
         )
         actor = deployment_options(args)["ray_actor_options"]
-        actor["runtime_env"] = {"env_vars": {FAIL_REPLAYS_ENV: "1"}}  # merged with the job's
-        serve.run(build_app(args, num_replicas=1, ray_actor_options=actor), name=APP)
+        factory = "tests.reliability_helpers:replay_failing_engine"
+        serve.run(build_app(args, factory, num_replicas=1, ray_actor_options=actor), name=APP)
         with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as http:
             yield Stack(prom, http)
     finally:
@@ -203,22 +206,28 @@ def test_service_metrics_reach_prometheus(stack: Stack) -> None:
     prom.wait_value(total("ray_shortconv_prefix_cache_checkpoints"), lambda v: v == 0)
 
 
-def test_build_engine_passes_graph_args_and_the_fault_hook(
+def test_build_engine_passes_graph_args_and_the_test_factory_fails_replays(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The app's graph args reach the engine; the test's factory wraps that same engine (the
+    production build carries no fault hook) and its first replay fails, then replays work."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     base = {"tiny_arch": "lfm2", "max_num_seqs": 4, "dtype": "float32"}
-    monkeypatch.setenv(FAIL_REPLAYS_ENV, "2")
     args = {**base, "enable_graphs": True, "graph_batch_sizes": [1, 2]}  # CPU default is off
-    engine = build_engine(parse_args(args))
+    engine = replay_failing_engine(parse_args(args))
     try:
         graphs = engine.executor.runner.graphs  # type: ignore[attr-defined]
         assert graphs.batch_sizes == (1, 2)
-        hook = graphs.fault_hook
-        assert isinstance(hook, FailReplays) and hook.left == 2
+        engine.add_request(
+            [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=2 + REPLAY_FAILURES)
+        )
+        while engine.has_unfinished():
+            engine.step()
+        stats = graphs.stats()
+        assert stats.replay_failures["replay"] == REPLAY_FAILURES
+        assert stats.eager_fallbacks["replay_error"] == REPLAY_FAILURES and stats.replays == 1
     finally:
         engine.shutdown()
-    monkeypatch.delenv(FAIL_REPLAYS_ENV)
     for off in ({"enable_graphs": False}, {}):  # explicit off, and the CPU default
         engine = build_engine(parse_args({**base, **off}))
         try:

@@ -23,15 +23,14 @@ def test_resolution_once_per_step(engine, monkeypatch):
     runner = engine.executor.runner
     backend = runner.backend
     builds, conv_calls, attn_calls = [], [], []
-    real_build = backend_mod.build_step_tensors
+    # One builder: eager steps build from the step inputs; decode steps replay a captured
+    # graph whose bucket is refreshed in those same inputs instead.
+    inputs = backend.inputs
+    assert runner.graphs.inputs is inputs
+    real_build, real_refresh = inputs.build, inputs.refresh
+    monkeypatch.setattr(inputs, "build", lambda *a, **k: builds.append(1) or real_build(*a, **k))
     monkeypatch.setattr(
-        backend_mod, "build_step_tensors", lambda *a, **k: builds.append(1) or real_build(*a, **k)
-    )
-    # Decode steps replay a captured graph whose static buffers are refreshed once instead.
-    buffers = runner.graphs.buffers
-    real_refresh = buffers.refresh
-    monkeypatch.setattr(
-        buffers, "refresh", lambda *a, **k: builds.append(2) or real_refresh(*a, **k)
+        inputs, "refresh", lambda *a, **k: builds.append(2) or real_refresh(*a, **k)
     )
     real_conv, real_attn = backend.conv_state_metadata, backend.attention_metadata
     monkeypatch.setattr(

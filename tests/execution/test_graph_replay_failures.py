@@ -15,6 +15,7 @@ import torch
 from graph_helpers import (
     NUM_SEQS,
     PAGE,
+    FailOnce,
     Seqs,
     eager_hidden,
     graph_runner,
@@ -45,27 +46,22 @@ def prefilled(request, tmp_path_factory):
 
 
 class OneShot:
-    """Raises once at the armed point, then lets everything through (the eager retry)."""
+    """Raises once in the middle of the forward: the third layer's pre-hook."""
 
-    def __init__(self, phase: str):
-        self.phase, self.fired = phase, 0
+    def __init__(self, g) -> None:
+        self.fired = 0
+        self.handle = g.model.layers[2].register_forward_pre_hook(self)
 
-    def __call__(self, phase: str) -> None:
-        if phase == self.phase and not self.fired:
+    def __call__(self, module, args) -> None:
+        if not self.fired:
             self.fired += 1
-            raise RuntimeError(f"injected failure at {phase}")
+            raise RuntimeError("injected failure at mid_forward")
 
 
-def _arm(g, phase: str) -> OneShot:
-    shot = OneShot(phase)
-    if phase == "mid_forward":
-        # The third layer raises: layers 0 and 1 have already updated their state in place.
-        layer = g.model.layers[2]
-        handle = layer.register_forward_pre_hook(lambda m, args: shot("mid_forward"))
-        shot.remove = handle.remove  # type: ignore[attr-defined]
-    else:
-        g.fault_hook = shot
-    return shot
+def _arm(g, phase: str):
+    """Inject the failure from test code: layers 0 and 1 have updated their state in place
+    when the mid-forward one fires; the others wrap the runner (`graph_helpers.FailOnce`)."""
+    return OneShot(g) if phase == "mid_forward" else FailOnce(g, phase)
 
 
 @pytest.mark.parametrize("phase", ["prepare", "mid_forward", "after_replay"])
@@ -92,8 +88,8 @@ def test_failed_replay_equals_eager_and_restores_state(prefilled, phase):
 
     load_pool(runner, snap0)  # the next step replays normally
     assert g.run(plan).used_graph and g.stats().replays == 1
-    if hasattr(shot, "remove"):
-        shot.remove()
+    if hasattr(shot, "handle"):
+        shot.handle.remove()
 
 
 def test_without_restore_the_failure_would_corrupt_state(prefilled):

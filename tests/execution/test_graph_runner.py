@@ -44,6 +44,8 @@ from graph_helpers import (
 from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
 from shortconv.execution.graph_runner import batch_buckets, context_buckets
+from shortconv.kernels import attention_dense
+from shortconv.kernels.dispatch import attention_context_buckets, resolve_backend
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
 ARCHS = ["lfm2", "lfm2_moe", "zaya1"]
@@ -74,9 +76,9 @@ def prefilled(request, tmp_path_factory):
 def _use_kernels(kernels: str, runner, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the test on `kernels`: "torch" (the default CPU paths) or "triton" (interpreted).
 
-    For "triton" the runner gets a backend built under SHORTCONV_KERNELS=triton (as a runner
-    built there would have: steps and static buffers without the dense gather and mask); the
-    pool is the same, and monkeypatch restores the module fixture's backend afterwards."""
+    For "triton" the runner gets a fresh backend (step inputs of its own) with
+    SHORTCONV_KERNELS=triton set, as a runner built there would have; the pool is the same,
+    and monkeypatch restores the module fixture's backend afterwards."""
     if kernels == "torch":
         return
     if importlib.util.find_spec("triton") is None:
@@ -87,7 +89,7 @@ def _use_kernels(kernels: str, runner, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     old = runner.backend
     monkeypatch.setattr(runner, "backend", ShortConvBackend(old.pool, old.device, old.extra_state))
-    assert not runner.backend.dense_attention
+    assert resolve_backend(old.device) == "triton"
 
     def no_sdpa(*args: object, **kwargs: object) -> None:
         raise AssertionError("torch SDPA called under SHORTCONV_KERNELS=triton")
@@ -163,7 +165,7 @@ def test_first_replay_uses_the_plans_indices(prefilled, kernels, monkeypatch):
         g = graph_runner(runner, (4,))
         garbage_fill(g)
         if control:
-            g.buffers.refresh = lambda plan, shape: None
+            monkeypatch.setattr(g.inputs, "refresh", lambda plan, shape: None)
         out = g.run(plan)
         assert out.used_graph and torch.equal(out.hidden, ref) != control
 
@@ -172,13 +174,21 @@ def test_static_buffers_keep_their_addresses(prefilled):
     runner, seqs, snap0 = prefilled
     g = graph_runner(runner, (2, 4, 8))
     shape = g.shapes()[0]
-    step = g.buffers.step(shape)
-    tensors = (step.input_ids, step.kv_gather, step.attn_mask, step.slot_mapping, step.block_tables)
+    step = g.inputs.graph_step(shape)
+    tensors = (
+        step.input_ids,
+        step.positions,
+        step.cache_indices,
+        step.query_start_loc,
+        step.slot_mapping,
+        step.block_tables,
+    )
     ptrs = [t.data_ptr() for t in tensors]
     load_pool(runner, snap0)
     for n in (8, 3, 1, 6):
         g.run(seqs.decode(list(range(n))))
-    assert g.buffers.step(shape) is step
+        runner.execute(Seqs([[1, 2, 3]]).prefill())  # an eager step views the same buffers
+    assert g.inputs.graph_step(shape) is step
     assert [t.data_ptr() for t in tensors] == ptrs
 
 
@@ -230,6 +240,8 @@ def test_bucket_ladders():
     assert batch_buckets((1, 2, 4, 8, 16, 32), 5) == (1, 2, 4, 8)
     assert batch_buckets((4, 1, 2), 32) == (1, 2, 4)
     assert context_buckets((256, 512, 1024), 300) == (256, 300)
+    cpu = torch.device("cpu")
+    assert attention_context_buckets(cpu, (256, 300), 300) == (256, 300)  # torch: the ladder
     with pytest.raises(ConfigError):
         batch_buckets((), 4)
     with pytest.raises(ConfigError):
@@ -249,22 +261,30 @@ def test_capture_logs_progress(prefilled, caplog):
     assert f"{n} decode graphs ready" in caplog.text
 
 
-def test_triton_steps_carry_no_dense_indices(prefilled, monkeypatch):
-    """On the Triton backend neither an eager step (decode or prefill) nor a graph bucket's
-    static step has the torch path's kv_gather / attn_mask; on the torch backend both do."""
-    runner, seqs, _ = prefilled
+def test_only_the_torch_path_derives_the_dense_layout(prefilled, monkeypatch):
+    """No step carries a layout flag: every step (eager decode and prefill, a graph bucket's)
+    is the same block tables and seq_lens. The torch attention path derives its dense gather
+    and mask from them once per step, however many layers attend; the Triton path never."""
+    runner, seqs, snap0 = prefilled
+    real, built = attention_dense._build, []
+    monkeypatch.setattr(
+        attention_dense, "_build", lambda step: built.append(step.num_seqs) or real(step)
+    )
     decode, prefill = seqs.decode([4, 0, 7]), Seqs([[1, 2, 3], [4] * 9]).prefill()
     for kernels in ("torch", "triton"):
         _use_kernels(kernels, runner, monkeypatch)
-        dense = kernels == "torch"
-        assert runner.backend.dense_attention == dense
-        for plan in (decode, prefill):
-            step = runner.backend.begin_step(plan)
-            assert (step.dense is not None) == dense, (kernels, plan.is_decode)
-        g = graph_runner(runner, (2,))
-        assert (g.buffers.kv_gather is not None) == dense
-        assert (g.buffers.attn_mask is not None) == dense
-        assert all((g.buffers.step(s).dense is not None) == dense for s in g.shapes())
+        g = graph_runner(runner, (4,))
+        for plan, graph in ((decode, True), (decode, False), (prefill, False)):
+            load_pool(runner, snap0)
+            built.clear()
+            if graph:
+                assert g.run(plan).used_graph
+            else:
+                with torch.inference_mode():  # like the runner
+                    step = runner.backend.begin_step(plan)
+                    runner.model(step.input_ids, runner.backend)
+            want = [4 if graph else len(plan.seqs)] if kernels == "torch" else []
+            assert built == want, (kernels, graph, plan.is_decode)
 
 
 def test_triton_captures_one_context_bucket_per_batch_bucket(prefilled, monkeypatch, caplog):
@@ -280,7 +300,7 @@ def test_triton_captures_one_context_bucket_per_batch_bucket(prefilled, monkeypa
     assert g.context_sizes == (max_len,)
     assert [(s.batch, s.context) for s in g.shapes()] == [(b, max_len) for b in (8, 4, 2, 1)]
     assert g.stats().num_graphs == 4
-    assert "(paged Triton attention)" in caplog.text
+    assert "(triton kernels)" in caplog.text
     assert "decode graph 4/4 (batch 1, context" in caplog.text
     long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)])
     assert g.shape_for(long_seqs.decode([0])) == g.shapes()[-1]

@@ -86,9 +86,8 @@ def _forbidden(name: str) -> Callable[..., Any]:
 @pytest.fixture
 def triton_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     """Force the Triton kernels (interpreted), count them, and forbid SDPA, the torch
-    expert paths and the torch attention path's dense step indices (gather and mask)."""
-    from shortconv.execution import step_tensors
-    from shortconv.kernels import attention_triton, moe_triton
+    expert paths and the torch attention path's dense layout (gather and mask)."""
+    from shortconv.kernels import attention_dense, attention_triton, moe_triton
     from shortconv.layers.experts import FusedExperts
 
     monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
@@ -101,8 +100,8 @@ def triton_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     ]
     for name in ("_expert", "_padded", "_forward_dense"):  # the torch expert paths
         monkeypatch.setattr(FusedExperts, name, _forbidden(f"FusedExperts.{name}"))
-    for name in ("_dense_general", "_dense_decode"):  # the [B, L] gather, [B, Q, L] mask
-        monkeypatch.setattr(step_tensors, name, _forbidden(f"step_tensors.{name}"))
+    # The [B, L] gather and [B, Q, L] mask, derived by the torch attention path only.
+    monkeypatch.setattr(attention_dense, "_build", _forbidden("attention_dense._build"))
     for mod, name in counted:
         monkeypatch.setattr(mod, name, _counting(calls, name, getattr(mod, name)))
     monkeypatch.setattr(F, "scaled_dot_product_attention", _forbidden("torch SDPA"))

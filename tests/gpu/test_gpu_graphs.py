@@ -17,6 +17,7 @@ import torch
 from graph_helpers import (
     NUM_SEQS,
     PAGES_PER_SEQ,
+    FailOnce,
     Seqs,
     eager_hidden,
     eager_padded_hidden,
@@ -29,6 +30,7 @@ from graph_helpers import (
 )
 
 from shortconv.execution.graph_runner import GraphRunner
+from shortconv.kernels.dispatch import resolve_backend
 from shortconv.tiny.random_stack import RandomStack, build_random_stack
 
 pytestmark = pytest.mark.gpu
@@ -120,9 +122,8 @@ def _graphs(stack: RandomStack, batch_sizes: tuple[int, ...]) -> GraphRunner:
     g = GraphRunner(stack.model, stack.backend, eng, stack.cfg.max_model_len)
     g.capture()
     assert g.use_cuda_graphs == (stack.device.type == "cuda")
-    if not stack.backend.dense_attention:  # the Triton path (CUDA): one context bucket
+    if resolve_backend(stack.device) == "triton":  # the paged kernels: one context bucket
         assert g.context_sizes == (stack.cfg.max_model_len,), g.context_sizes
-        assert g.buffers.kv_gather is None and g.buffers.attn_mask is None
     return g
 
 
@@ -178,16 +179,9 @@ def check_failure_restores(device: str, configs: Configs = CONFIGS) -> None:
         ref_pool = live_part(pool_snapshot(stack))
         g = _graphs(stack, (4,))
         load_pool(stack, snap0)
-        fired = []
-
-        def fail_once(phase: str, fired: list[str] = fired) -> None:
-            if phase == "after_replay" and not fired:
-                fired.append(phase)
-                raise RuntimeError("injected")
-
-        g.fault_hook = fail_once
+        shot = FailOnce(g, "after_replay")
         out = g.run(plan)
-        assert fired and not out.used_graph
+        assert shot.fired == 1 and not out.used_graph
         assert torch.equal(out.hidden, ref), arch
         for k, v in live_part(pool_snapshot(stack)).items():
             assert torch.equal(v, ref_pool[k]), (arch, k)

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from shortconv.engine.plan import SeqChunk, StepPlan  # noqa: E402
-from shortconv.execution.static_buffers import DecodeShape, StaticDecodeBuffers  # noqa: E402
-from shortconv.execution.step_tensors import MissingDenseIndices, build_step_tensors  # noqa: E402
+from shortconv.execution.step_inputs import DecodeShape, StepInputs  # noqa: E402
 from shortconv.kernels import attention_triton, paged_attention, write_kv  # noqa: E402
 from shortconv.kernels.attention_ref import (  # noqa: E402
     paged_attention_decode_ref,
@@ -357,7 +356,7 @@ def test_dispatch_runs_the_kernels_from_step_tensors(
 ) -> None:
     page, head_dim = 4, 80
     plan = _plan(rows, page, seed=len(rows))
-    step = build_step_tensors(plan, page, torch.device(device), dense_attention=True)
+    step = StepInputs(page, torch.device(device)).build(plan)
     assert step.block_tables.dtype == torch.int32 and step.page_size == page
     assert step.block_tables.shape == (len(rows), -(-step.max_seq_len // page))
     k_cache, v_cache = make_pool(head_dim, page, torch.float32, device, seed=4)
@@ -376,14 +375,14 @@ def test_static_buffers_feed_the_decode_kernel(device: str, counted: dict[str, i
     eager step padded with scratch rows, and the same outputs for the live rows."""
     page, head_dim, shape = 4, 64, DecodeShape(batch=4, context=32)
     plan = _plan([(8, 1), (20, 1), (3, 1)], page, seed=9)
-    bufs = StaticDecodeBuffers(8, 64, page, torch.device(device), dense_attention=False)
+    bufs = StepInputs(page, torch.device(device))
+    bufs.reserve(8, 8, 64)
     bufs.refresh(plan, shape)
     bufs.derive(shape)
-    static = bufs.step(shape)
+    static = bufs.graph_step(shape)
     pad = SeqChunk("pad", (0,), 0, 0, (0,), None)  # position 0 on page 0, like a bucket's pad
     padded = StepPlan(1, plan.seqs + (pad,))
-    eager = build_step_tensors(padded, page, torch.device(device), dense_attention=False)
-    assert static.dense is None and eager.dense is None  # the paged kernels need no [B, L]
+    eager = StepInputs(page, torch.device(device)).build(padded)
     width = -(-shape.context // page)
     extra = width - eager.block_tables.shape[1]
     eager = replace(eager, block_tables=F.pad(eager.block_tables, (0, extra), value=0))
@@ -402,37 +401,46 @@ def test_refresh_writes_only_the_pages_the_plan_covers(device: str) -> None:
     kernels the full-width table an eager step padded with scratch rows would have."""
     page, shape = 4, DecodeShape(batch=4, context=1024)
     plan = _plan([(8, 1), (20, 1), (3, 1)], page, seed=5)
-    bufs = StaticDecodeBuffers(4, 1024, page, torch.device(device), dense_attention=False)
+    bufs = StepInputs(page, torch.device(device))
+    bufs.reserve(4, 4, 1024)
     for t in (bufs.primary_host, bufs.primary):
         t.fill_(-7)  # a sentinel refresh must leave alone past the plan's pages
     bufs.refresh(plan, shape)
     bufs.derive(shape)
     width = -(-21 // page)  # the longest context: 20 + 1 positions
-    used = len(bufs.row_fields) * shape.batch + 1 + shape.batch * width
+    # ids, positions, token rows, KV rows, slots, seq_lens, has_initial_state [B] each;
+    # qsl [B+1]; logits rows [B]; the width; then the compact table [B, w].
+    used = 9 * shape.batch + 2 + shape.batch * width
     for t in (bufs.primary_host, bufs.primary):
         assert bool((t[used:] == -7).all()) and not bool((t[:used] == -7).any())
     pad = SeqChunk("pad", (0,), 0, 0, (0,), None)
     padded = StepPlan(1, plan.seqs + (pad,))
-    eager = build_step_tensors(padded, page, torch.device(device), dense_attention=False)
+    eager = StepInputs(page, torch.device(device)).build(padded)
     wide = F.pad(eager.block_tables, (0, 1024 // page - eager.block_tables.shape[1]), value=0)
-    static = bufs.step(shape)
+    static = bufs.graph_step(shape)
     assert torch.equal(static.block_tables, wide)
     assert torch.equal(static.slot_mapping, eager.slot_mapping)
 
 
-def test_torch_path_refuses_a_step_built_for_the_paged_kernels(device: str) -> None:
-    """A step built without the dense indices never reaches the torch attention path as a
-    missing tensor: it fails by name (the backend decides the layout once; this is the guard
-    for a SHORTCONV_KERNELS flip after that)."""
-    page = 4
-    plan = _plan([(5, 1), (0, 3)], page, seed=1)
-    step = build_step_tensors(plan, page, torch.device(device), dense_attention=False)
-    assert step.dense is None
-    k_cache, v_cache = make_pool(16, page, torch.float32, device, seed=1)
-    q = torch.randn(step.num_tokens, 2 * NUM_KV, 16).to(device)
+@pytest.mark.parametrize("rows", [[(5, 1), (17, 1), (2, 1)], [(5, 1), (0, 3), (9, 4)]])
+def test_torch_path_derives_its_layout_from_the_block_tables(
+    device: str, rows: list[tuple[int, int]]
+) -> None:
+    """The step carries no dense gather or mask: the torch attention path derives them from
+    the same block tables the paged kernels read, and agrees with the per-sequence oracles."""
+    page, head_dim = 4, 16
+    plan = _plan(rows, page, seed=len(rows))
+    step = StepInputs(page, torch.device(device)).build(plan)
+    assert not hasattr(step, "dense") and not hasattr(step, "kv_gather")
+    k_cache, v_cache = make_pool(head_dim, page, torch.float32, device, seed=1)
+    q = torch.randn(step.num_tokens, 2 * NUM_KV, head_dim).to(device)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SHORTCONV_KERNELS", "torch")
-        with pytest.raises(MissingDenseIndices, match="dense_attention=True"):
-            paged_attention(q, k_cache, v_cache, step, 0.1)
-        with pytest.raises(MissingDenseIndices):
-            _ = step.kv_gather
+        got = paged_attention(q, k_cache, v_cache, step, 0.1)
+    oracle = paged_attention_decode_ref if step.max_query_len == 1 else paged_attention_extend_ref
+    args = (q, k_cache, v_cache, step.block_tables, step.seq_lens)
+    if step.max_query_len == 1:
+        want = oracle(*args, 0.1, page)
+    else:
+        want = oracle(*args, step.query_start_loc, 0.1, page, max_query_len=step.max_query_len)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import fields, is_dataclass
 from typing import Any
 
 import pytest
@@ -15,13 +14,10 @@ import shortconv.kernels.cca_cpu as cca_cpu
 import shortconv.kernels.conv1d_cpu as conv1d_cpu
 import shortconv.kernels.dispatch as dispatch
 from shortconv.engine.plan import SeqChunk, StepPlan
-from shortconv.execution.step_tensors import (
-    StepScratch,
-    _decode_step_tensors,
-    _general_step_tensors,
-    build_step_tensors,
-)
+from shortconv.execution.step_inputs import StepInputs
+from shortconv.execution.step_tensors import StepScratch, StepTensors
 from shortconv.kernels.attention_cpu import paged_attention_cpu
+from shortconv.kernels.attention_dense import dense_indices
 from shortconv.kernels.attention_ref import paged_attention_ref
 from shortconv.kernels.cca_ref import cca_conv_update_ref, cca_prev_value_update_ref
 from shortconv.kernels.conv1d_ref import causal_conv1d_update_ref
@@ -87,31 +83,77 @@ def test_fp32_rms_norm_is_bit_equal_to_the_reference_order(dim: int) -> None:
         assert torch.equal(norm(xb), norm.reference(xb))
 
 
-def _assert_same_fields(fast: object, slow: object) -> None:
-    for f in fields(fast):
-        a, b = getattr(fast, f.name), getattr(slow, f.name)
-        if isinstance(a, torch.Tensor):
-            assert a.dtype == b.dtype and torch.equal(a, b), f.name
-        elif is_dataclass(a):
-            _assert_same_fields(a, b)
-        else:
-            assert a == b, f.name
+def _reference_step(plan: StepPlan) -> dict[str, list]:
+    """The step's fields from the plan, by hand (plain Python, one row at a time)."""
+    seqs, ref = plan.seqs, {}
+    ref["input_ids"] = [t for s in seqs for t in s.token_ids]
+    ref["positions"] = [s.start_pos + j for s in seqs for j in range(s.num_tokens)]
+    ref["token_seq_index"] = [b for b, s in enumerate(seqs) for _ in range(s.num_tokens)]
+    ref["query_start_loc"] = [sum(s.num_tokens for s in seqs[:b]) for b in range(len(seqs) + 1)]
+    ref["cache_indices"] = [s.slot for s in seqs]
+    ref["has_initial_state"] = [s.start_pos > 0 for s in seqs]
+    ref["seq_lens"] = [s.start_pos + s.num_tokens for s in seqs]
+    ref["slot_mapping"] = [
+        s.block_table[p // PAGE] * PAGE + p % PAGE
+        for s in seqs
+        for p in range(s.start_pos, s.start_pos + s.num_tokens)
+    ]
+    ends = ref["query_start_loc"][1:]
+    ref["logits_indices"] = [e - 1 for e, s in zip(ends, seqs, strict=True) if s.sampling]
+    width = -(-max(ref["seq_lens"]) // PAGE)
+    ref["block_tables"] = [(list(s.block_table) + [0] * width)[:width] for s in seqs]
+    return ref
 
 
-@pytest.mark.parametrize("dense", [True, False], ids=["dense", "paged"])
-@pytest.mark.parametrize("batch", [1, 5])
-def test_decode_step_tensors_equal_the_general_path(batch: int, dense: bool) -> None:
-    """With and without kept constants, and on a scratch that served other batch sizes first;
-    in both layouts (the paged one has no dense indices on either path)."""
-    scratch, cpu = StepScratch(), torch.device("cpu")
-    for b in (batch + 2, batch, 1):
-        _decode_step_tensors(plan_of([5] * b, [1] * b).seqs, PAGE, cpu, scratch, dense)
-    plan = plan_of([3 + 7 * i for i in range(batch)], [1] * batch, seed=batch)
-    assert plan.is_decode
-    slow = _general_step_tensors(plan.seqs, PAGE, cpu, dense)
-    assert (slow.dense is not None) == dense
-    for keep in (None, scratch):
-        _assert_same_fields(_decode_step_tensors(plan.seqs, PAGE, cpu, keep, dense), slow)
+def _reference_dense(step: StepTensors) -> tuple[list, list, list, list]:
+    """(kv_gather, attn_mask, q_pad_index, q_unpad_index) of the torch path, by hand."""
+    qsl, lens = step.query_start_loc_cpu.tolist(), step.seq_lens_cpu.tolist()
+    tables, max_q, length = step.block_tables.tolist(), step.max_query_len, step.max_seq_len
+    gather, mask, q_pad, q_unpad = [], [], [], []
+    for b, table in enumerate(tables):
+        n = qsl[b + 1] - qsl[b]
+        start = lens[b] - n
+        gather.append(
+            [table[c // PAGE] * PAGE + c % PAGE if c < lens[b] else 0 for c in range(length)]
+        )
+        rows = [
+            [c <= start + q for c in range(length)] if q < n else [c == 0 for c in range(length)]
+            for q in range(max_q)
+        ]
+        mask.append(rows)
+        q_pad += [qsl[b] + q if q < n else step.num_tokens for q in range(max_q)]
+        q_unpad += [b * max_q + q for q in range(n)]
+    return gather, mask, q_pad, q_unpad
+
+
+@pytest.mark.parametrize("order", ["fresh", "reused"])
+@pytest.mark.parametrize("kind", ["decode", "extend"])
+def test_step_inputs_equal_a_hand_built_step(kind: str, order: str) -> None:
+    """The one builder's eager step (and the torch path's dense layout derived from it) equals
+    the plan worked out by hand, on fresh buffers and on buffers that served larger, wider and
+    smaller steps first (stale contents past the step must not leak in)."""
+    inputs = StepInputs(PAGE, torch.device("cpu"))
+    if order == "reused":
+        for warm in (plan_of([40, 0], [1, 30], seed=7), plan_of([5] * 9, [1] * 9, seed=8)):
+            dense_indices(inputs.build(warm))
+    decode = kind == "decode"
+    starts, lens = ([3, 17, 1, 30, 8], [1] * 5) if decode else ([0, 9, 4, 0], [6, 3, 1, 11])
+    plan = plan_of(starts, lens, seed=len(starts))
+    step = inputs.build(plan)
+    assert step.is_decode == decode == plan.is_decode
+    for name, want in _reference_step(plan).items():
+        got = getattr(step, name)
+        assert got.tolist() == want, name
+    assert step.query_start_loc.dtype == step.block_tables.dtype == torch.int32
+    assert step.cache_indices.dtype == step.slot_mapping.dtype == torch.int64
+    assert torch.equal(step.query_start_loc_cpu, step.query_start_loc)
+    assert torch.equal(step.has_initial_state_cpu, step.has_initial_state)
+    dense = dense_indices(step)
+    got = (dense.kv_gather, dense.attn_mask, dense.q_pad_index, dense.q_unpad_index)
+    for name, g, want in zip(
+        ("gather", "mask", "q_pad", "q_unpad"), got, _reference_dense(step), strict=True
+    ):
+        assert g.tolist() == want, name
 
 
 @pytest.mark.parametrize("chunk_bytes", [None, 1, 20_000])  # default; 1 and ~2 sequences a chunk
@@ -128,7 +170,7 @@ def test_cpu_attention_path_matches_the_reference(
         if kind == "decode"
         else plan_of([0, 9, 4, 0], [6, 3, 1, 11])
     )
-    step = build_step_tensors(plan, PAGE, torch.device("cpu"), dense_attention=True)
+    step = StepInputs(PAGE, torch.device("cpu")).build(plan)
     k_cache = torch.randn(200 * PAGE, hk, d, generator=g)
     v_cache = torch.randn(200 * PAGE, hk, d, generator=g)
     q = torch.randn(step.num_tokens, hq, d, generator=g)

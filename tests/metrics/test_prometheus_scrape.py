@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from graph_helpers import FailOnce
 from prom_server import PromServer, free_port, prometheus_binary
 
 from shortconv.configs.config import EngineConfig
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.skipif(
     reason="the prometheus binary is not installed (Debian: apt-get install -y prometheus)",
 )
 
-TESTS = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+TESTS, ROOT = HERE.parent, HERE.parent.parent
 CONTEXT_BUCKET = 32  # the largest graph context: longer decode contexts run eagerly
 PROMPTS = [[5, 9, 13], [7, 8], [1, 2, 3, 4]]
 LONG_PROMPT = list(range(1, CONTEXT_BUCKET))  # its decode steps pass the largest bucket
@@ -65,18 +67,6 @@ def run_all(engine: LLMEngine) -> dict[str, Any]:
     raise AssertionError("the engine did not finish its requests")
 
 
-class OneShot:
-    """The graph runner's fault hook: raise once after a replay (the forward already ran)."""
-
-    def __init__(self) -> None:
-        self.fired = False
-
-    def __call__(self, phase: str) -> None:
-        if phase == "after_replay" and not self.fired:
-            self.fired = True
-            raise RuntimeError("injected replay failure")
-
-
 def session_turns(engine: LLMEngine) -> int:
     """Two turns of one session; returns the second turn's resumed (cached) prompt tokens."""
     first = [11, 12, 13, 14]
@@ -90,7 +80,7 @@ def session_turns(engine: LLMEngine) -> int:
 
 def failure_traffic(engine: LLMEngine) -> None:
     """One forced replay failure, then decode steps past the largest context bucket."""
-    engine.executor.runner.graphs.fault_hook = OneShot()
+    FailOnce(engine.executor.runner.graphs, "after_replay")  # raises once, after the forward
     engine.add_request([3, 4, 5], GREEDY)
     run_all(engine)
     engine.add_request(LONG_PROMPT, GREEDY)
@@ -155,8 +145,9 @@ def ray_metrics_port() -> Iterator[int]:
         _temp_dir=ray_tmp,
         num_cpus=2,
         object_store_memory=128 * 1024 * 1024,
-        # The actor class lives in this test module: workers import it (and prom_server) from here.
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(map(str, (TESTS, TESTS.parent)))}},
+        # The actor class lives in this test module: workers import it (and prom_server,
+        # graph_helpers from tests/) from here.
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(map(str, (HERE, TESTS, ROOT)))}},
         _metrics_export_port=port,
         # NOTE: workers push metrics to the node's agent every interval; 1 s keeps the test short.
         _system_config={"metrics_report_interval_ms": 1000},

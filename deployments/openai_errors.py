@@ -1,4 +1,6 @@
-"""The OpenAI error object every non-2xx answer carries."""
+"""The OpenAI error object every non-2xx answer carries: raised wherever a request is refused
+(the ingress or the replica; it pickles whole, so it crosses the handle) and answered as JSON at
+the ingress."""
 
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ class APIError(Exception):
             code,
         )
         self.headers = headers  # e.g. Retry-After on 503
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return APIError, (self.message, self.status, self.type, self.param, self.code, self.headers)
 
     def body(self) -> dict[str, Any]:
         return {

@@ -9,6 +9,7 @@ imports nothing from the test modules and nothing heavy at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -129,21 +130,32 @@ def wait_idle(http: httpx.Client, num_replicas: int, timeout_s: float = 30.0) ->
 
 
 # ---- the fault-injecting engine (runs inside the replica) -----------------------------------
+def replay_failing_engine(args: Any) -> Any:
+    """The real engine whose first decode-graph replay raises after the forward, so a forced
+    replay failure can be observed end to end (state restored, the step recomputed eagerly and
+    counted; tests/deployments/test_serve_metrics.py)."""
+    from deployments.server import build_engine
+
+    engine = build_engine(args)
+    left = [1]
+
+    def fail_first(phase: str) -> None:
+        if phase == "after_replay" and left[0] > 0:
+            left[0] -= 1
+            raise RuntimeError("injected replay failure")
+
+    engine.executor.runner.graphs.fault_hook = fail_first
+    return engine
+
+
 def faulty_engine(args: Any) -> Any:
     """The real engine with test-only faults keyed on the request's seed, a small KV pool (so
     decode growth preempts), and every preemption logged to $SCSV_FAULT_LOG."""
     from deployments.model_source import resolve_model
-    from shortconv.configs.config import EngineConfig
     from shortconv.llm import build_engine
 
-    cfg = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_state_slots=args.num_state_slots,
-        enable_prefix_caching=args.enable_prefix_caching,
-        num_checkpoint_slots=args.num_checkpoint_slots,
-        prefix_checkpoint_interval=args.prefix_checkpoint_interval,
-        max_model_len=args.max_model_len,
+    cfg = dataclasses.replace(
+        args.engine_config(),
         kv_page_size=FAULT_KV_PAGE_SIZE,
         num_kv_pages=int(os.environ.get(FAULT_KV_PAGES_ENV, "0")),
     )

@@ -1,11 +1,12 @@
 """The metrics acceptance test: the real service, scraped by a real Prometheus.
 
 One LLMServer replica (tiny LFM2, decode graphs on with batch buckets [1, 2], one forced replay
-failure through the SHORTCONV_TEST_FAIL_REPLAYS hook) runs under `serve.run` on a private Ray
-runtime whose metrics export port a loopback Prometheus scrapes every second. Traffic: one plain
-request (its first decode replay is the forced failure), three 3-turn sessions, a burst of
-concurrent requests (more decode rows than the largest bucket: eager no_bucket steps), one more
-plain request. Everything is asserted through Prometheus' query API, as a dashboard sees it.
+failure from its engine factory, tests/reliability_helpers.py) runs under `serve.run` on a
+private Ray runtime whose metrics export port a loopback Prometheus scrapes every second.
+Traffic: one plain request (its first decode replay is the forced failure), three 3-turn
+sessions, a burst of concurrent requests (more decode rows than the largest bucket: eager
+no_bucket steps), one more plain request. Everything is asserted through Prometheus' query
+API, as a dashboard sees it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import httpx
 import pytest
 from prom_server import PromServer, free_port, prometheus_binary
 
-from deployments.app import build_app, deployment_options, parse_args
-from deployments.server import FAIL_REPLAYS_ENV, FailReplays, build_engine
+from deployments.app import build_app, parse_args
+from deployments.server import build_engine
 
 APP = "scm"
 MODEL = "tiny-lfm2"
@@ -77,9 +78,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "session_ttl_s": SESSION_TTL_S,
             }
         )
-        actor = deployment_options(args)["ray_actor_options"]
-        actor["runtime_env"] = {"env_vars": {FAIL_REPLAYS_ENV: "1"}}  # merged with the job's
-        serve.run(build_app(args, num_replicas=1, ray_actor_options=actor), name=APP)
+        factory = "tests.reliability_helpers:replay_failing_engine"
+        serve.run(build_app(args, factory, num_replicas=1), name=APP)
         with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as http:
             yield Stack(prom, http)
     finally:
@@ -203,22 +203,19 @@ def test_service_metrics_reach_prometheus(stack: Stack) -> None:
     prom.wait_value(total("ray_shortconv_prefix_cache_checkpoints"), lambda v: v == 0)
 
 
-def test_build_engine_passes_graph_args_and_the_fault_hook(
+def test_build_engine_passes_graph_args_and_the_session_ttl(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     base = {"tiny_arch": "lfm2", "max_num_seqs": 4, "dtype": "float32"}
-    monkeypatch.setenv(FAIL_REPLAYS_ENV, "2")
-    args = {**base, "enable_graphs": True, "graph_batch_sizes": [1, 2]}  # CPU default is off
-    engine = build_engine(parse_args(args))
+    args = {**base, "enable_graphs": True, "graph_batch_sizes": [1, 2], "session_ttl_s": 7.0}
+    engine = build_engine(parse_args(args))  # CPU default is off: on here
     try:
         graphs = engine.executor.runner.graphs  # type: ignore[attr-defined]
-        assert graphs.batch_sizes == (1, 2)
-        hook = graphs.fault_hook
-        assert isinstance(hook, FailReplays) and hook.left == 2
+        assert graphs.batch_sizes == (1, 2) and graphs.fault_hook is None
+        assert engine.sessions.ttl_s == 7.0  # from the args, at construction
     finally:
         engine.shutdown()
-    monkeypatch.delenv(FAIL_REPLAYS_ENV)
     for off in ({"enable_graphs": False}, {}):  # explicit off, and the CPU default
         engine = build_engine(parse_args({**base, **off}))
         try:

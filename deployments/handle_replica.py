@@ -17,13 +17,12 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RayServeException
 from ray.serve.handle import DeploymentHandle
 
-from deployments.openai_errors import APIError
+from deployments.openai_errors import RETRY_AFTER_S, APIError
 from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
 from deployments.replica_api import Reply, RequestContext
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 1
 # What a call may raise that is not a bug: the replica's refusals and Serve's or Ray's.
 EXPECTED_ERRORS: tuple[type[Exception], ...] = (APIError, RayError, RayServeException)
 

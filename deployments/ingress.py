@@ -88,11 +88,14 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
     async def models(request: Request) -> Response:
         return respond(await replica(request).models())
 
+    def context(request: Request, prefix: tuple[int, ...]) -> tuple[Replica, RequestContext]:
+        ctx = RequestContext(session_id_of(request), prefix)
+        return connect(ctx.session_id), ctx
+
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         req = await parse(request, CompletionRequest)
-        ctx = RequestContext(session_id_of(request), completion_prefix(req))
-        target = connect(ctx.session_id)
+        target, ctx = context(request, completion_prefix(req))
         if req.stream:
             return await stream(target.completion_stream(req, ctx))
         return respond(await target.completion(req, ctx))
@@ -100,8 +103,7 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         req = await parse(request, ChatCompletionRequest)
-        ctx = RequestContext(session_id_of(request), chat_prefix(req))
-        target = connect(ctx.session_id)
+        target, ctx = context(request, chat_prefix(req))
         if req.stream:
             return await stream(target.chat_stream(req, ctx))
         return respond(await target.chat(req, ctx))

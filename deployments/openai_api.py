@@ -17,7 +17,7 @@ from typing import Any
 
 from deployments.async_engine import AsyncEngine
 from deployments.engine_types import Delta, EngineDead, EngineOverloaded
-from deployments.openai_errors import APIError
+from deployments.openai_errors import RETRY_AFTER_S, APIError
 from deployments.openai_format import Formatter, collect, with_deadline
 from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest, check_context
 from deployments.openai_tools import ToolPlan, chat_grammar, plan_tools
@@ -28,7 +28,6 @@ from deployments.tool_stream import special_pattern
 from shortconv.sampling.grammar import GrammarError
 from shortconv.sampling.sampling_params import SamplingParams
 
-RETRY_AFTER_S = 1  # what a 503 tells clients to wait: a queue slot frees within a few steps
 MAX_RECORDED_PREFIXES = 4096  # prefix hashes a replica reports (a few KiB in its stats)
 
 

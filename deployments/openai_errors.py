@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+RETRY_AFTER_S = 1  # what a 503 tells clients to wait: a queue slot frees within a few steps
+
 
 class APIError(Exception):
     """An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}` with a status."""

@@ -1,11 +1,11 @@
 """The application builder: `import_path: deployments.app:build` in deployments/*.yaml.
 
 `build(args)` validates the YAML `args:` block (AppArgs) and binds two deployments: the
-OpenAIIngress (HTTP in; reads the body, keys the prompt's prefix) bound to LLMServer (the model
-replicas, reached through a handle so its router sees the prefix key). Every Serve option is
-decided here, once, from the args. A YAML `deployments:` entry for LLMServer or OpenAIIngress
-overrides them option by option (Serve's rule; a dict option such as `autoscaling_config` is
-replaced whole, so the replica bounds are args, not an override).
+OpenAIIngress (the HTTP app; parses and checks each request, keys the prompt's prefix) bound to
+LLMServer (the model replicas, reached by typed handle calls, so its router sees the key).
+Every Serve option is decided here, once, from the args. A YAML `deployments:` entry for
+LLMServer or OpenAIIngress overrides them option by option (Serve's rule; a dict option such
+as `autoscaling_config` is replaced whole, so the replica bounds are args, not an override).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from deployments.args import AppArgs
 from deployments.ingress import OpenAIIngress
+from deployments.model_source import served_model_name
 from deployments.router import SessionAffinityRouter
 from deployments.server import LLMServer
 
@@ -26,7 +27,7 @@ ROUTING_STATS_PERIOD_S = 2.0  # how stale a replica's session report may be (def
 # the replica itself answers overload (an OpenAI 503 with Retry-After, counted at admission)
 # and /v1/models, /health or stats calls still get through while generation is full.
 ADMISSION_HEADROOM = 8
-INGRESS_NUM_CPUS = 0.1  # it parses JSON and relays bytes; the model's CPUs stay the model's
+INGRESS_NUM_CPUS = 0.1  # it parses JSON and relays chunks; the model's CPUs stay the model's
 
 
 class AppArgsError(ValueError):
@@ -121,7 +122,11 @@ def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any
         opts.pop("autoscaling_config")
     opts.update(overrides)
     llm = LLMServer.options(**opts).bind(args.model_dump(), engine_factory)
-    cfg = {"max_request_bytes": args.max_request_bytes, "api_key": args.api_key}
+    cfg = {
+        "model_name": served_model_name(args),
+        "max_request_bytes": args.max_request_bytes,
+        "api_key": args.api_key,
+    }
     return OpenAIIngress.options(**ingress_options(args)).bind(llm, cfg)
 
 

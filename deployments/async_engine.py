@@ -15,27 +15,28 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from deployments.engine_commands import (
+    Abort,
+    AddRequest,
+    CheckHealth,
+    Command,
+    ResetPrefixCache,
+    Stop,
+    Stream,
+    answer,
+)
 from deployments.engine_types import Delta, EngineDead, EngineLike, EngineOverloaded
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
-
-__all__ = ["AsyncEngine", "Delta", "EngineDead", "EngineLike", "EngineOverloaded"]
 
 log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.5  # how long an idle loop waits for a command between sweeps (TTL, gauges)
 _STATS_PERIOD_S = 0.1  # the stats snapshot is refreshed at most this often while busy
 _HEALTH_TIMEOUT_S = 30.0  # a step that blocks the loop this long makes the replica unhealthy
-
-
-@dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Delta]
-    session_id: str | None
 
 
 class _Admission:
@@ -54,18 +55,11 @@ class _Admission:
 class AsyncEngine:
     """Runs `engine` on a daemon thread. Start with `start()`, stop with `shutdown()`."""
 
-    def __init__(
-        self,
-        engine: EngineLike,
-        *,
-        admission_limit: int,
-        session_ttl_s: float | None = None,
-    ) -> None:
+    def __init__(self, engine: EngineLike, *, admission_limit: int) -> None:
         self.engine = engine
         self.admission_limit = admission_limit  # running + waiting requests on this replica
-        self._session_ttl_s = session_ttl_s
-        self._cmds: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._streams: dict[str, _Stream] = {}  # NOTE: mutated on the loop thread only
+        self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._streams: dict[str, Stream] = {}  # NOTE: mutated on the loop thread only
         self._num_active = 0  # requests submitted and not yet finished (caller side)
         self._session_seen: dict[str, float] = {}
         self._stats: dict[str, Any] = {}
@@ -75,8 +69,6 @@ class AsyncEngine:
 
     # ---- caller side (asyncio) ------------------------------------------------------------
     def start(self) -> None:
-        if self._session_ttl_s is not None:
-            self.engine.sessions.ttl_s = self._session_ttl_s  # the default, set before any use
         self._publish_stats(force=True)
         self._thread.start()
 
@@ -126,8 +118,8 @@ class AsyncEngine:
         session_id: str | None,
         admitted: _Admission,
     ) -> AsyncIterator[Delta]:
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)
-        self._cmds.put(("add", (rid, prompt, params, stream)))
+        stream = Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)
+        self._cmds.put(AddRequest(rid, prompt, params, stream))
         finished = False
         try:
             while not finished:
@@ -137,14 +129,14 @@ class AsyncEngine:
         finally:
             admitted.release()
             if not finished:
-                self._cmds.put(("abort", rid))
+                self._cmds.put(Abort(rid))
 
     async def check_health(self) -> None:
         """Raise when the loop is dead or the executor (TP workers) fails its health check."""
         if not self.alive:
             raise EngineDead(self._error or "the engine loop is not running")
         fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._cmds.put(("health", fut))
+        self._cmds.put(CheckHealth(fut))
         error = await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
         if error is not None:
             raise EngineDead(error)
@@ -154,7 +146,7 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDead(self._error or "the engine loop is not running")
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._cmds.put(("flush", fut))
+        self._cmds.put(ResetPrefixCache(fut))
         return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
@@ -163,7 +155,7 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         if self._thread.is_alive():
-            self._cmds.put(("stop", None))
+            self._cmds.put(Stop())
             self._thread.join(timeout=30.0)
         self.engine.shutdown()
 
@@ -200,43 +192,46 @@ class AsyncEngine:
         except queue.Empty:
             return 0
         handled = 0
-        while True:
-            kind, arg = cmd
-            if kind == "stop":
-                self._fail_all("the server is shutting down")
-                return -1
-            getattr(self, f"_cmd_{kind}")(arg)
+        while self._dispatch(cmd):
             handled += 1
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
                 return handled
+        return -1
 
-    def _cmd_add(self, arg: tuple[str, list[int], SamplingParams, _Stream]) -> None:
-        rid, prompt, params, stream = arg
+    def _dispatch(self, cmd: Command) -> bool:
+        """Run one command on the loop thread; False for Stop."""
+        match cmd:
+            case AddRequest():
+                self._add(cmd)
+            case Abort(request_id=rid):
+                if self._streams.pop(rid, None) is not None:
+                    self.engine.abort_request(rid)
+            case CheckHealth(reply=fut):
+                answer(fut, self._error or self._executor_error())
+            case ResetPrefixCache(reply=fut):
+                answer(fut, self.engine.flush_prefix_cache())
+            case Stop():
+                self._fail_all("the server is shutting down")
+                return False
+        return True
+
+    def _add(self, cmd: AddRequest) -> None:
+        rid, prompt, stream = cmd.request_id, cmd.prompt, cmd.stream
         if self._error is not None:  # submitted just as the engine died
             _put(stream, _final(prompt, FinishReason.ERROR, self._error))
             return
         try:
-            self.engine.add_request(prompt, params, request_id=rid, session_id=stream.session_id)
+            self.engine.add_request(
+                prompt, cmd.params, request_id=rid, session_id=stream.session_id
+            )
         except Exception as exc:  # validated already; this is a race or a duplicate id
             _put(stream, _final(prompt, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
             return
         self._streams[rid] = stream
         if stream.session_id is not None:
             self._session_seen[stream.session_id] = time.time()
-
-    def _cmd_abort(self, rid: str) -> None:
-        if self._streams.pop(rid, None) is not None:
-            self.engine.abort_request(rid)
-
-    def _cmd_health(self, fut: asyncio.Future[str | None]) -> None:
-        error = self._error or self._executor_error()
-        fut.get_loop().call_soon_threadsafe(_resolve, fut, error)
-
-    def _cmd_flush(self, fut: asyncio.Future[int]) -> None:
-        dropped = self.engine.flush_prefix_cache()
-        fut.get_loop().call_soon_threadsafe(_resolve, fut, dropped)
 
     def _executor_error(self) -> str | None:
         """Why the executor (TP workers) is unusable, or None."""
@@ -287,11 +282,6 @@ def _final(prompt: list[int], reason: FinishReason, error: str | None) -> Delta:
     return Delta("", (), None, None, reason, len(prompt), 0, error)
 
 
-def _put(stream: _Stream, delta: Delta) -> None:
+def _put(stream: Stream, delta: Delta) -> None:
     with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody listens
         stream.loop.call_soon_threadsafe(stream.queue.put_nowait, delta)
-
-
-def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)

@@ -1,234 +1,198 @@
-"""OpenAIIngress: the HTTP entry point; forwards every request to LLMServer through a handle.
+"""OpenAIIngress: the one HTTP app. Each request is read and checked here once, then served by a
+typed call on LLMServer through its handle (deployments/replica_api.py).
 
 Why a hop at all: a Serve request router never sees an HTTP body (the proxy hands a replica
 only the ASGI scope, and the body is pulled later), so routing on the prompt needs someone to
-read the body first. This light deployment (no model, no torch) reads it, computes the prompt's
-prefix key (deployments/prefix_key.py) and calls `LLMServer.forward` with the request unchanged
-and the key as a kwarg, where SessionAffinityRouter sees both. The response comes back as it
-is made: status and headers first (`x-shortconv-replica` included), then body chunks.
-
-Errors here are OpenAI-shaped like LLMServer's: 413 for an oversized body (never buffered past
-`max_request_bytes`), 503 + Retry-After when Serve refuses (back-pressure, no live replica).
-A client that disconnects cancels the handle call, so the replica aborts and frees its slot.
+read it first (Ray Serve LLM's ingress does the same). Here: the API key (401; before the body,
+so strangers cannot make us buffer), the body under `max_request_bytes` (413), JSON and the
+request schema (400 naming the field), the model name (404) and the session header; then the
+prompt's prefix key (deployments/prefix_key.py) goes with the call, where SessionAffinityRouter
+sees it. Streams are framed as server-sent events here, chunk by chunk as the replica makes
+them; a client that disconnects cancels the call, so the replica aborts and frees its slot.
+/health and /openapi.json are open (probes and the request schemas carry no data).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from ray import serve
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from deployments.asgi_forward import ForwardedRequest, Message
-from deployments.http_body import BodyTooLarge
-from deployments.http_body import read_body as read_limited
-from deployments.prefix_key import prefix_hashes
+from deployments.handle_replica import EXPECTED_ERRORS, HandleReplica, as_api_error
+from deployments.http_edge import (
+    check_auth,
+    install_error_handlers,
+    read_body,
+    resolve_api_key,
+    session_id_of,
+)
+from deployments.openai_errors import APIError
+from deployments.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    from_validation_error,
+    parse_json_object,
+)
+from deployments.prefix_key import chat_prefix, completion_prefix
+from deployments.replica_api import Replica, Reply, RequestContext
 
 log = logging.getLogger(__name__)
 
-# The same names and env var as deployments/openai_api.py, not imported: that module pulls in
-# the engine (torch), which this process never needs.
-SESSION_HEADER = os.environ.get("RAY_SERVE_SESSION_ID_HEADER_KEY", "x-session-id")
-MAX_SESSION_ID_LEN = 256
-API_KEY_ENV = "SHORTCONV_API_KEY"
-RETRY_AFTER_S = 1
-METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-# LLMServer's routes, named here too only so Serve's per-route HTTP metrics and logs keep their
-# paths; every other path goes through the catch-all to LLMServer all the same (its 404s).
-KNOWN_PATHS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/models",
-    "/health",
-    "/openapi.json",
-    "/v1/internal/stats",
-    "/v1/internal/reset_prefix_cache",
-)
-
-# forwarder(request, session id or None, prefix hashes) -> the replica's ASGI messages
-Forwarder = Callable[[ForwardedRequest, str | None, list[int]], Any]
+REPLICA_HEADER = "x-shortconv-replica"
+_Req = TypeVar("_Req", bound=BaseModel)
+# connect(session id or None) -> the replica methods, routed for that session
+Connect = Callable[[str | None], Replica]
 
 
 @dataclass(frozen=True)
 class IngressConfig:
+    model_name: str
     max_request_bytes: int = 1 << 20
     api_key: str | None = None  # None: $SHORTCONV_API_KEY in this process, else no auth
 
 
-class Refused(Exception):
-    """An OpenAI-shaped error answered by the ingress itself."""
+def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
+    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /v1/internal/stats,
+    /v1/internal/reset_prefix_cache."""
+    app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
+    api_key = resolve_api_key(cfg.api_key)
+    install_error_handlers(app, as_api_error, EXPECTED_ERRORS)
 
-    def __init__(self, status: int, message: str, kind: str, code: str, retry: bool) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.code, self.retry = status, kind, code, retry
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {"message": str(self), "type": self.kind, "param": None, "code": self.code}
-        }
-
-    def response(self) -> JSONResponse:
-        headers = {"retry-after": str(RETRY_AFTER_S)} if self.retry else None
-        return JSONResponse(self.body(), self.status, headers=headers)
-
-
-def session_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """Serve's rule: the header name compared case-insensitively, '-' and '_' equal. A bad
-    value is not routed on; LLMServer answers it (400)."""
-    want = SESSION_HEADER.lower().replace("-", "_")
-    for key, value in headers:
-        if key.decode("latin-1").lower().replace("-", "_") == want:
-            sid = value.decode("latin-1")
-            return sid if 0 < len(sid) <= MAX_SESSION_ID_LEN else None
-    return None
-
-
-def authorized(request: Request, api_key: str | None) -> bool:
-    if api_key is None:
-        return True
-    auth = request.headers.get("authorization", "")
-    return hmac.compare_digest(auth.encode(), f"Bearer {api_key}".encode())
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    try:
-        return await read_limited(request, limit)
-    except BodyTooLarge as exc:
-        raise _too_large(exc.limit) from None
-
-
-def _too_large(limit: int) -> Refused:
-    msg = f"request body exceeds {limit} bytes"
-    return Refused(413, msg, "invalid_request_error", "request_too_large", retry=False)
-
-
-def translate(exc: BaseException) -> Refused:
-    """Serve's refusals before a response started, as OpenAI 503s a client retries."""
-    if isinstance(exc, BackPressureError):
-        return Refused(503, exc.message, "server_overloaded", "overloaded", retry=True)
-    if isinstance(exc, (DeploymentUnavailableError, RayActorError)):
-        msg = f"no replica could take the request: {type(exc).__name__}"
-        return Refused(503, msg, "server_error", "replica_unavailable", retry=True)
-    log.exception("forwarding failed", exc_info=exc)
-    msg = f"internal error: {type(exc).__name__}"
-    return Refused(500, msg, "server_error", "internal_error", retry=False)
-
-
-def build_ingress_app(forward: Forwarder, cfg: IngressConfig) -> FastAPI:
-    """Every path relays to LLMServer, which owns them all (its 404s, /openapi.json, /health)."""
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    api_key = cfg.api_key or os.environ.get(API_KEY_ENV) or None
-
-    async def relay(request: Request) -> Response:
-        scope = request.scope
-        # NOTE: a request that fails auth is not read: LLMServer checks auth before the body
-        # and answers 401, so strangers cannot make either process buffer.
+    async def parse(request: Request, model: type[_Req]) -> _Req:
+        check_auth(request, api_key)  # NOTE: first, so strangers cannot make us buffer
+        data = parse_json_object(await read_body(request, cfg.max_request_bytes))
         try:
-            body = (
-                await read_body(request, cfg.max_request_bytes)
-                if authorized(request, api_key)
-                else b""
-            )
-        except Refused as exc:
-            return exc.response()
-        headers = list(scope["headers"])
-        req = ForwardedRequest(
-            method=scope["method"],
-            path=scope["path"],
-            query_string=scope.get("query_string", b""),
-            headers=headers,
-            body=body,
-            root_path=scope.get("root_path", ""),
-            client=tuple(scope["client"]) if scope.get("client") else None,  # type: ignore[arg-type]
-        )
-        return await _start(
-            forward, req, session_id_of(headers), prefix_hashes(req.method, req.path, body)
-        )
+            req = model.model_validate(data)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        name = getattr(req, "model", None)
+        if name and name != cfg.model_name:
+            raise APIError(f"the model {name!r} does not exist", 404, code="model_not_found")
+        return req
 
-    for path in (*KNOWN_PATHS, "/{path:path}"):
-        app.add_api_route(path, relay, methods=METHODS)
+    def replica(request: Request) -> Replica:
+        check_auth(request, api_key)
+        return connect(session_id_of(request))
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return respond(await replica(request).models())
+
+    def context(request: Request, prefix: tuple[int, ...]) -> tuple[Replica, RequestContext]:
+        ctx = RequestContext(session_id_of(request), prefix)
+        return connect(ctx.session_id), ctx
+
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    async def completions(request: Request) -> Response:
+        req = await parse(request, CompletionRequest)
+        target, ctx = context(request, completion_prefix(req))
+        if req.stream:
+            return await stream(target.completion_stream(req, ctx))
+        return respond(await target.completion(req, ctx))
+
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Response:
+        req = await parse(request, ChatCompletionRequest)
+        target, ctx = context(request, chat_prefix(req))
+        if req.stream:
+            return await stream(target.chat_stream(req, ctx))
+        return respond(await target.chat(req, ctx))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return respond(await connect(None).health())
+
+    @app.get("/v1/internal/stats")
+    async def stats(request: Request) -> Response:
+        return respond(await replica(request).stats())  # NOTE: authorized: it lists sessions
+
+    @app.post("/v1/internal/reset_prefix_cache", include_in_schema=False)  # admin, not an API
+    async def reset_prefix_cache(request: Request) -> Response:
+        return respond(await replica(request).reset_prefix_cache())
+
+    _install_openapi(app, cfg.model_name)
     return app
 
 
-async def _start(
-    forward: Forwarder, req: ForwardedRequest, sid: str | None, hashes: list[int]
-) -> Response:
-    """Wait for the replica's response start; a replica that died before it is retried once
-    (nothing was generated yet), any other refusal is answered here."""
-    for attempt in range(2):
-        messages = forward(req, sid, hashes)
-        try:
-            start: Message = await messages.__anext__()
-            break
-        except RayActorError as exc:
-            _cancel(messages)
-            if attempt == 1:
-                return translate(exc).response()
-        except Exception as exc:
-            _cancel(messages)
-            return translate(exc).response()
-    headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
-    sse = any(
-        k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
-    )
-    resp = StreamingResponse(_body(messages, sse), status_code=int(start["status"]))
-    resp.raw_headers = headers
-    return resp
+def respond(reply: Reply) -> JSONResponse:
+    return JSONResponse(reply.body, headers={REPLICA_HEADER: reply.replica_id})
 
 
-async def _body(messages: Any, sse: bool) -> AsyncIterator[bytes]:
-    finished = False
+async def stream(replies: AsyncIterator[Reply]) -> Response:
+    """An SSE response once the replica has admitted the request (its first chunk): a refusal
+    before that is still an ordinary error status."""
     try:
-        async for message in messages:
-            if message.get("body"):
-                yield message["body"]
-        finished = True
-    except Exception as exc:  # the response has started: the status cannot change any more
-        log.warning("stream from the replica broke: %s", exc)
-        finished = True
-        if sse:  # as LLMServer ends a failed stream: one error event, then [DONE]
-            err = translate(exc)
-            body = {
-                "error": {"message": str(err), "type": err.kind, "param": None, "code": err.code}
-            }
-            yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-    finally:
-        if not finished:
-            _cancel(messages)  # the client left: the replica aborts and frees the slot
+        first = await anext(replies)
+    except BaseException:
+        await replies.aclose()  # type: ignore[attr-defined]
+        raise
+    headers = {"cache-control": "no-cache", REPLICA_HEADER: first.replica_id}
+    return StreamingResponse(
+        _events(first, replies), media_type="text/event-stream", headers=headers
+    )
 
 
-def _cancel(messages: Any) -> None:
-    cancel = getattr(messages, "cancel", None)
-    if cancel is not None:
-        cancel()
+async def _events(first: Reply, replies: AsyncIterator[Reply]) -> AsyncIterator[str]:
+    # NOTE: aclosing: a client that disconnects closes `replies`, which cancels the call.
+    async with aclosing(replies):  # type: ignore[type-var]
+        try:
+            yield _event(first.body)
+            async for reply in replies:
+                yield _event(reply.body)
+        except Exception as exc:  # the response has started: the status cannot change any more
+            log.warning("stream from the replica broke: %s", exc)
+            yield _event(as_api_error(exc).body())
+    yield "data: [DONE]\n\n"
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    content = {"application/json": {"schema": ref}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _install_openapi(app: FastAPI, model_name: str) -> None:
+    """/openapi.json with the request bodies the routes parse themselves (they take a raw
+    Request, so FastAPI cannot see them); `model` is the one served name or absent."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        comps = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in (CompletionRequest, ChatCompletionRequest):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(schema.pop("$defs", {}))
+            schema["properties"]["model"] = {"anyOf": [{"const": model_name}, {"type": "null"}]}
+            comps[model.__name__] = schema
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 @serve.deployment(name="OpenAIIngress")
 @serve.ingress()
 class OpenAIIngress:
-    """Reads each HTTP request, keys its prompt, forwards it to LLMServer (`llm`)."""
+    """The HTTP app, serving every request through LLMServer (`llm`)."""
 
-    def __init__(self, llm: DeploymentHandle, cfg: dict[str, Any] | None = None) -> None:
+    def __init__(self, llm: DeploymentHandle, cfg: dict[str, Any]) -> None:
         self.llm = llm
-        self.cfg = IngressConfig(**(cfg or {}))
+        self.cfg = IngressConfig(**cfg)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_ingress_app(self._forward, self.cfg)
-
-    def _forward(self, req: ForwardedRequest, sid: str | None, hashes: list[int]) -> Any:
-        # NOTE: session_id through the handle options: the LLMServer router reads it from the
-        # request metadata exactly as it does for the proxy's x-session-id.
-        handle = (
-            self.llm.options(stream=True, session_id=sid) if sid else self.llm.options(stream=True)
-        )
-        return handle.forward.remote(req, prefix_hashes=hashes)
+        return build_ingress_app(lambda sid: HandleReplica(self.llm, sid), self.cfg)

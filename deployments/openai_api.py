@@ -1,136 +1,139 @@
-"""The OpenAI-compatible FastAPI app around an AsyncEngine (no Ray here: testable on its own).
+"""OpenAIReplica: the OpenAI routes' work on a replica, behind the typed hop (no HTTP here).
 
-Every error is OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) and bad input
-never reaches the engine: auth, body size, JSON, schema, model name, sampling fields and the
-context length are all checked first. Auth (`api_key` or $SHORTCONV_API_KEY) covers /v1/*;
-/health (probes) and /openapi.json (the request schemas, no data) are open.
+The ingress has already checked auth, the body size, JSON, the request schema and the model
+name (deployments/ingress.py); this side checks what needs the model: the chat template, the
+tokenizer, the context length, the sampling fields, grammars and the engine's admission. Every
+refusal is an `APIError` raised before anything is generated (a stream raises it before its
+first chunk), naming the request field it blames. No Ray here: testable on its own.
 """
 
 from __future__ import annotations
 
-import hmac
-import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from deployments.async_engine import AsyncEngine, EngineDead, EngineOverloaded
-from deployments.http_body import BodyTooLarge
-from deployments.http_body import read_body as read_limited
+from deployments.async_engine import AsyncEngine
+from deployments.engine_types import Delta, EngineDead, EngineOverloaded
+from deployments.openai_errors import RETRY_AFTER_S, APIError
 from deployments.openai_format import Formatter, collect, with_deadline
-from deployments.openai_protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    check_context,
-    from_validation_error,
-    parse_json_object,
-)
+from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest, check_context
 from deployments.openai_tools import ToolPlan, chat_grammar, plan_tools
+from deployments.prefix_owners import PrefixRecord
+from deployments.replica_api import Reply, RequestContext
 from deployments.tool_parsers import parser_for_template
 from deployments.tool_stream import special_pattern
 from shortconv.sampling.grammar import GrammarError
 from shortconv.sampling.sampling_params import SamplingParams
 
-# Ray Serve routes on this header (RAY_SERVE_SESSION_ID_HEADER_KEY, default x-session-id) and
-# compares it case-insensitively with '-' and '_' equivalent; the replica reads it the same way.
-SESSION_HEADER = os.environ.get("RAY_SERVE_SESSION_ID_HEADER_KEY", "x-session-id")
-REPLICA_HEADER = "x-shortconv-replica"
-MAX_SESSION_ID_LEN = 256
-API_KEY_ENV = "SHORTCONV_API_KEY"
-RETRY_AFTER_S = 1  # what a 503 tells clients to wait: a queue slot frees within a few steps
-
-_Req = TypeVar("_Req", bound=BaseModel)
+MAX_RECORDED_PREFIXES = 4096  # prefix hashes a replica reports (a few KiB in its stats)
 
 
 @dataclass(frozen=True)
 class ApiConfig:
     model_name: str
     replica_id: str = "local"
-    api_key: str | None = None
-    max_request_bytes: int = 1 << 20
     request_timeout_s: float = 600.0  # from queueing to the last token; then aborted
 
 
-def resolve_api_key(configured: str | None) -> str | None:
-    """The key clients must send: the `api_key` arg, else $SHORTCONV_API_KEY (read in the
-    replica's environment), else None (no auth). An empty value means unset."""
-    return configured or os.environ.get(API_KEY_ENV) or None
+@dataclass(frozen=True)
+class _Job:
+    """One generation request, ready for the engine."""
+
+    prompt: list[int]
+    params: SamplingParams
+    fmt: Formatter
+    include_usage: bool
+    grammar_param: str = "response_format"  # the field a grammar that fails to compile names
 
 
-def session_id_of(request: Request) -> str | None:
-    want = SESSION_HEADER.lower().replace("-", "_")
-    for key, value in request.headers.items():
-        if key.lower().replace("-", "_") == want:
-            if not value or len(value) > MAX_SESSION_ID_LEN:
-                raise APIError(
-                    f"{SESSION_HEADER} must be 1..{MAX_SESSION_ID_LEN} characters",
-                    param=SESSION_HEADER,
-                )
-            return value
-    return None
+class OpenAIReplica:
+    """The `Replica` methods (deployments/replica_api.py) over one AsyncEngine."""
 
+    def __init__(self, engine: AsyncEngine, cfg: ApiConfig) -> None:
+        self.engine, self.cfg = engine, cfg
+        self.prefixes = PrefixRecord(MAX_RECORDED_PREFIXES)
+        self.created = int(time.time())
+        self.tokenizer = engine.engine.tokenizer
+        self.max_model_len = int(engine.engine.max_model_len)
+        hf = getattr(self.tokenizer, "hf", None)
+        self.tool_parser = parser_for_template(getattr(hf, "chat_template", None))
+        added = getattr(hf, "added_tokens_decoder", {}).values()
+        keep = (self.tool_parser.start, self.tool_parser.end) if self.tool_parser else ()
+        self.drop_specials = special_pattern([t.content for t in added if t.special], keep)
 
-def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
-    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /v1/internal/stats,
-    /v1/internal/reset_prefix_cache."""
-    app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
-    created = int(time.time())
-    tokenizer = engine.engine.tokenizer
-    max_model_len = int(engine.engine.max_model_len)
-    hf = getattr(tokenizer, "hf", None)
-    tool_parser = parser_for_template(getattr(hf, "chat_template", None))
-    specials = [t.content for t in getattr(hf, "added_tokens_decoder", {}).values() if t.special]
-    keep = (tool_parser.start, tool_parser.end) if tool_parser is not None else ()
-    drop_specials = special_pattern(specials, keep)
-    _install_error_handlers(app)
+    # ---- generation -------------------------------------------------------------------------
+    async def chat(self, request: ChatCompletionRequest, ctx: RequestContext) -> Reply:
+        return await self._whole(self._chat_job(request), ctx)
 
-    app.add_middleware(_TagReplica, replica_id=cfg.replica_id)
+    async def chat_stream(
+        self, request: ChatCompletionRequest, ctx: RequestContext
+    ) -> AsyncIterator[Reply]:
+        async for reply in self._stream(self._chat_job(request), ctx):
+            yield reply
 
-    async def parse(request: Request, model: type[_Req]) -> _Req:
-        check_auth(request, cfg.api_key)  # NOTE: first, so strangers cannot make us buffer
-        data = parse_json_object(await read_body(request, cfg.max_request_bytes))
+    async def completion(self, request: CompletionRequest, ctx: RequestContext) -> Reply:
+        return await self._whole(self._completion_job(request), ctx)
+
+    async def completion_stream(
+        self, request: CompletionRequest, ctx: RequestContext
+    ) -> AsyncIterator[Reply]:
+        async for reply in self._stream(self._completion_job(request), ctx):
+            yield reply
+
+    # ---- the rest ---------------------------------------------------------------------------
+    async def models(self) -> Reply:
+        card = {"id": self.cfg.model_name, "object": "model", "created": self.created}
+        card.update(owned_by="shortconv-serve", max_model_len=self.max_model_len)
+        return self._reply({"object": "list", "data": [card]})
+
+    async def health(self) -> Reply:
+        """Pings the engine loop and every TP worker; 503 when either is unusable."""
         try:
-            req = model.model_validate(data)
-        except ValidationError as exc:
-            raise from_validation_error(exc) from None
-        name = getattr(req, "model", None)
-        if name and name != cfg.model_name:
-            raise APIError(f"the model {name!r} does not exist", 404, code="model_not_found")
-        return req
+            await self.engine.check_health()
+        except Exception as exc:
+            raise APIError(f"unhealthy: {exc}", 503, "server_error", code="unhealthy") from None
+        return self._reply({"status": "ok"})
 
-    def token_text(tok: int) -> str:
-        if tokenizer is None:
-            return f"token_id:{tok}"
-        return tokenizer.decode([tok], skip_special_tokens=False)
+    async def stats(self) -> Reply:
+        return self._reply({"replica_id": self.cfg.replica_id, **self.engine.stats()})
 
-    async def respond(
-        request: Request,
-        chat: bool,
-        prompt: list[int],
-        params: SamplingParams,
-        include_usage: bool,
-        stream: bool,
-        grammar_param: str = "response_format",
-        tools: ToolPlan | None = None,
-    ) -> Response:
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        check_context(len(prompt), params.max_tokens, max_model_len)
+    async def reset_prefix_cache(self) -> Reply:
+        """Drop this replica's prefix cache (kept sessions too); running requests keep their
+        own state. vLLM's /reset_prefix_cache, per replica. Its prefix claims go with it."""
+        dropped = await self.engine.flush_prefix_cache()
+        self.prefixes.clear()
+        return self._reply({"replica_id": self.cfg.replica_id, "dropped": dropped})
+
+    # ---- internals --------------------------------------------------------------------------
+    def _reply(self, body: dict[str, Any]) -> Reply:
+        return Reply(self.cfg.replica_id, body)
+
+    async def _whole(self, job: _Job, ctx: RequestContext) -> Reply:
+        body = job.fmt.whole(await collect(self._start(job, ctx)))
+        self.prefixes.add(ctx.prefix_hashes)  # its prompt is cached here now
+        return self._reply(body)
+
+    async def _stream(self, job: _Job, ctx: RequestContext) -> AsyncIterator[Reply]:
+        deltas = self._start(job, ctx)  # NOTE: refusals raise here, before the first chunk
+        async for chunk in job.fmt.chunks(deltas, job.include_usage):
+            yield self._reply(chunk)
+        self.prefixes.add(ctx.prefix_hashes)
+
+    def _start(self, job: _Job, ctx: RequestContext) -> AsyncIterator[Delta]:
+        """Admit the request: its deltas under the request deadline, or an APIError."""
+        check_context(len(job.prompt), job.params.max_tokens, self.max_model_len)
         retry = {"retry-after": str(RETRY_AFTER_S)}
         try:
-            deltas = engine.generate(prompt, params, rid, session_id_of(request))
+            deltas = self.engine.generate(
+                job.prompt, job.params, job.fmt.request_id, ctx.session_id
+            )
         except GrammarError as exc:  # a schema that passed our checks but does not compile
-            raise APIError(str(exc), param=grammar_param) from None
+            raise APIError(str(exc), param=job.grammar_param) from None
         except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
-            raise APIError(str(exc), param="stop" if "stop" in str(exc) else "prompt") from None
+            raise APIError(str(exc), param=getattr(exc, "param", "prompt")) from None
         except EngineOverloaded as exc:
             raise APIError(
                 str(exc), 503, "server_overloaded", code="overloaded", headers=retry
@@ -139,57 +142,69 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
             raise APIError(
                 str(exc), 503, "server_error", code="engine_dead", headers=retry
             ) from None
-        deltas = with_deadline(deltas, cfg.request_timeout_s)
-        fmt = Formatter(
+        return with_deadline(deltas, self.cfg.request_timeout_s)
+
+    def _formatter(
+        self, chat: bool, want_logprobs: bool, tools: ToolPlan | None = None
+    ) -> Formatter:
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        auto = tools is not None and tools.mode == "auto"
+        drop = self.drop_specials if auto else None
+        return Formatter(
             chat,
             rid,
-            cfg.model_name,
-            token_text,
-            params.logprobs is not None,
+            self.cfg.model_name,
+            self._token_text,
+            want_logprobs,
             tools=tools,
-            drop_specials=drop_specials if tools is not None and tools.mode == "auto" else None,
+            drop_specials=drop,
         )
-        if stream:
-            return StreamingResponse(
-                fmt.sse(deltas, include_usage),
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache"},
-            )
-        return JSONResponse(fmt.whole(await collect(deltas)))
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        check_auth(request, cfg.api_key)
-        card = {"id": cfg.model_name, "object": "model", "created": created}
-        card.update(owned_by="shortconv-serve", max_model_len=max_model_len)
-        return {"object": "list", "data": [card]}
+    def _token_text(self, tok: int) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{tok}"
+        return self.tokenizer.decode([tok], skip_special_tokens=False)
 
-    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
-    async def completions(request: Request) -> Response:
-        req = await parse(request, CompletionRequest)
+    def _completion_job(self, req: CompletionRequest) -> _Job:
         prompt = req.single_prompt()
         if isinstance(prompt, str):
-            if tokenizer is None:
+            if self.tokenizer is None:
                 raise APIError("this model has no tokenizer: send token ids", param="prompt")
             try:
-                prompt = tokenizer.encode(prompt)
+                prompt = self.tokenizer.encode(prompt)
             except Exception as exc:  # a string the tokenizer cannot take is the client's
                 raise APIError(f"prompt cannot be tokenized: {exc}", param="prompt") from None
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
         grammar = req.response_format.grammar() if req.response_format else None
         params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs, grammar=grammar)
-        return await respond(request, False, prompt, params, req.include_usage, req.stream)
+        fmt = self._formatter(False, params.logprobs is not None)
+        return _Job(prompt, params, fmt, req.include_usage)
 
-    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
-    async def chat_completions(request: Request) -> Response:
-        req = await parse(request, ChatCompletionRequest)
-        if tokenizer is None:
+    def _chat_job(self, req: ChatCompletionRequest) -> _Job:
+        if self.tokenizer is None:
             raise APIError("this model has no tokenizer, so no chat template", param="messages")
-        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, tool_parser)
+        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
         grammar, grammar_param = chat_grammar(req.response_format, tools)
+        prompt = self._render(req)
+        requested = req.requested_max_tokens()
+        max_tokens = (
+            requested if requested is not None else max(1, self.max_model_len - len(prompt))
+        )
+        params = req.sampling(
+            max_tokens=max_tokens,
+            logprobs=req.engine_logprobs(),
+            grammar=grammar,
+            # NOTE: `auto` parses the model's call markers, which are special tokens.
+            skip_special_tokens=tools is None or tools.mode != "auto",
+        )
+        fmt = self._formatter(True, params.logprobs is not None, tools)
+        return _Job(prompt, params, fmt, req.include_usage, grammar_param)
+
+    def _render(self, req: ChatCompletionRequest) -> list[int]:
+        """The chat template over the messages (and tools): the prompt's token ids."""
         try:
             listed = req.template_tools()
-            prompt = tokenizer.apply_chat_template(
+            return self.tokenizer.apply_chat_template(
                 req.chat_messages(),
                 add_generation_prompt=req.add_generation_prompt,
                 **({"tools": listed} if listed else {}),
@@ -198,136 +213,3 @@ def build_openai_app(engine: AsyncEngine, cfg: ApiConfig) -> FastAPI:
             raise
         except Exception as exc:  # jinja errors: the template refused these messages
             raise APIError(f"chat template failed: {exc}", param="messages") from None
-        requested = req.requested_max_tokens()
-        max_tokens = requested if requested is not None else max(1, max_model_len - len(prompt))
-        params = req.sampling(
-            max_tokens=max_tokens,
-            logprobs=req.engine_logprobs(),
-            grammar=grammar,
-            # NOTE: `auto` parses the model's call markers, which are special tokens.
-            skip_special_tokens=tools is None or tools.mode != "auto",
-        )
-        return await respond(
-            request, True, prompt, params, req.include_usage, req.stream, grammar_param, tools
-        )
-
-    @app.get("/health")
-    async def health() -> Response:
-        try:
-            await engine.check_health()
-        except Exception as exc:
-            err = APIError(f"unhealthy: {exc}", 503, "server_error", code="unhealthy")
-            return JSONResponse(err.body(), err.status)
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/v1/internal/stats")
-    async def stats(request: Request) -> dict[str, Any]:
-        check_auth(request, cfg.api_key)  # it lists session ids
-        return {"replica_id": cfg.replica_id, **engine.stats()}
-
-    @app.post("/v1/internal/reset_prefix_cache", include_in_schema=False)  # admin, not an API
-    async def reset_prefix_cache(request: Request) -> dict[str, Any]:
-        """Drop this replica's prefix cache (kept sessions too); running requests keep their
-        own state. vLLM's /reset_prefix_cache, per replica."""
-        check_auth(request, cfg.api_key)
-        return {"replica_id": cfg.replica_id, "dropped": await engine.flush_prefix_cache()}
-
-    _install_openapi(app, cfg.model_name)
-    return app
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body under `limit` (deployments/http_body.py), else an OpenAI 413."""
-    try:
-        return await read_limited(request, limit)
-    except BodyTooLarge as exc:
-        raise _too_large(exc.limit) from None
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(f"request body exceeds {limit} bytes", 413, code="request_too_large")
-
-
-def check_auth(request: Request, api_key: str | None) -> None:
-    if api_key is None:
-        return
-    auth = request.headers.get("authorization", "")
-    # NOTE: constant time over the secret, so response timing does not leak its prefix.
-    if not hmac.compare_digest(auth.encode(), f"Bearer {api_key}".encode()):
-        raise APIError(
-            "invalid API key",
-            401,
-            "authentication_error",
-            code="invalid_api_key",
-            headers={"www-authenticate": "Bearer"},
-        )
-
-
-class _TagReplica:
-    """Pure ASGI middleware (no response buffering, so streams and disconnects pass through)
-    that names the serving replica in a response header."""
-
-    def __init__(self, app: Any, replica_id: str) -> None:
-        self.app, self.header = app, (REPLICA_HEADER.encode(), replica_id.encode())
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def tagged(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), self.header]}
-            await send(message)
-
-        await self.app(scope, receive, tagged)
-
-
-def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    content = {"application/json": {"schema": ref}}
-    return {"requestBody": {"required": True, "content": content}}
-
-
-def _install_openapi(app: FastAPI, model_name: str) -> None:
-    """/openapi.json with the request bodies the routes parse themselves (they take a raw
-    Request, so FastAPI cannot see them); `model` is the one served name or absent."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema:
-            return app.openapi_schema
-        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        comps = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (CompletionRequest, ChatCompletionRequest):
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            comps.update(schema.pop("$defs", {}))
-            schema["properties"]["model"] = {"anyOf": [{"const": model_name}, {"type": "null"}]}
-            comps[model.__name__] = schema
-        app.openapi_schema = doc
-        return doc
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    def reply(err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), err.status, headers=err.headers)
-
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return reply(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return reply(APIError(str(exc.errors()[0].get("msg", exc))))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return reply(APIError(str(exc.detail), exc.status_code, kind))
-
-    @app.exception_handler(Exception)
-    async def _bug(_: Request, exc: Exception) -> JSONResponse:
-        # A bug, not the client's fault: still OpenAI-shaped, and named for the logs.
-        why = f"internal error: {type(exc).__name__}"
-        return reply(APIError(why, 500, "server_error", code="internal_error"))

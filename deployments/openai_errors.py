@@ -1,8 +1,12 @@
-"""The OpenAI error object every non-2xx answer carries."""
+"""The OpenAI error object every non-2xx answer carries: raised wherever a request is refused
+(the ingress or the replica; it pickles whole, so it crosses the handle) and answered as JSON at
+the ingress."""
 
 from __future__ import annotations
 
 from typing import Any
+
+RETRY_AFTER_S = 1  # what a 503 tells clients to wait: a queue slot frees within a few steps
 
 
 class APIError(Exception):
@@ -26,6 +30,9 @@ class APIError(Exception):
             code,
         )
         self.headers = headers  # e.g. Retry-After on 503
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return APIError, (self.message, self.status, self.type, self.param, self.code, self.headers)
 
     def body(self) -> dict[str, Any]:
         return {

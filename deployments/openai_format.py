@@ -1,17 +1,17 @@
-"""OpenAI response bodies (completions and chat, whole and streamed) built from engine deltas."""
+"""OpenAI response bodies (completions and chat, whole and streamed) built from engine deltas.
+Streamed bodies are the JSON objects of the SSE events; the ingress frames them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.async_engine import Delta
+from deployments.engine_types import Delta
 from deployments.openai_errors import APIError
 from deployments.openai_tools import ToolPlan, openai_tool_calls
 from deployments.tool_stream import ToolOutput
@@ -145,21 +145,22 @@ class Formatter:
             body = self._head("text_completion")
         return {**body, "choices": [choice], "usage": acc.usage()}
 
-    async def sse(self, deltas: AsyncIterator[Delta], include_usage: bool) -> AsyncIterator[str]:
-        """Server-sent events ending in `data: [DONE]` (an error becomes an error event)."""
+    async def chunks(
+        self, deltas: AsyncIterator[Delta], include_usage: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The streamed chunks (an error becomes an error object, and the last one)."""
         acc = Accumulator()
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         extra = {"usage": None} if include_usage else {}
         if self.chat:
             first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
             first.update(logprobs=None, finish_reason=None)
-            yield _event({**self._head(obj), "choices": [first], **extra})
+            yield {**self._head(obj), "choices": [first], **extra}
         async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
             async for chunk in self._chunks(it, acc, obj, extra, self._tool_output()):
                 yield chunk
         if acc.finish_reason not in (None, *_FAILED) and include_usage:
-            yield _event({**self._head(obj), "choices": [], "usage": acc.usage()})
-        yield "data: [DONE]\n\n"
+            yield {**self._head(obj), "choices": [], "usage": acc.usage()}
 
     async def _chunks(
         self,
@@ -168,12 +169,12 @@ class Formatter:
         obj: str,
         extra: dict[str, Any],
         tools: ToolOutput | None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[dict[str, Any]]:
         async for d in deltas:
             offset = len(acc.text)
             acc.add(d)
             if d.finish_reason in _FAILED:
-                yield _event(failure(d.finish_reason, d.error).body())
+                yield failure(d.finish_reason, d.error).body()
                 return
             finish = _FINISH.get(d.finish_reason, "stop") if d.finish_reason else None
             text, calls = (d.text, ()) if tools is None else (tools.push(d.text), ())
@@ -192,15 +193,11 @@ class Formatter:
             lps = d.logprobs or ()
             choice["logprobs"] = self._logprobs(d.token_ids, lps, d.top_logprobs, offset)
             choice["finish_reason"] = finish
-            yield _event({**self._head(obj), "choices": [choice], **extra})
+            yield {**self._head(obj), "choices": [choice], **extra}
 
 
 def _chat_lp(token: str, logprob: float | None) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
-
-
-def _event(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
 async def collect(deltas: AsyncIterator[Delta]) -> Accumulator:

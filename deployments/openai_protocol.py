@@ -12,7 +12,7 @@ from deployments.openai_errors import APIError
 from deployments.openai_structured import ResponseFormat
 from deployments.openai_tools import ToolCallIn, ToolChoice, ToolDef, history_tool_calls
 from shortconv.sampling.grammar import GrammarSpec
-from shortconv.sampling.sampling_params import SamplingParams
+from shortconv.sampling.sampling_params import InvalidRequest, SamplingParams
 
 MAX_TOP_LOGPROBS = SamplingParams.MAX_LOGPROBS
 MAX_STOP_TOKEN_IDS = 64
@@ -86,16 +86,12 @@ def check_context(num_prompt: int, max_tokens: int, max_model_len: int) -> None:
         )
 
 
-_PARAM_RE = re.compile(r"^SamplingParams\.(\w+) ")
-
-
 def make_sampling_params(**kwargs: Any) -> SamplingParams:
-    """SamplingParams from request fields; its ValueError becomes a 400 naming the field."""
+    """SamplingParams from request fields; its refusal becomes a 400 naming the field."""
     try:
         return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
-    except ValueError as exc:
-        m = _PARAM_RE.match(str(exc))
-        raise APIError(str(exc), param=m.group(1) if m else None) from None
+    except InvalidRequest as exc:
+        raise APIError(str(exc), param=exc.param) from None
 
 
 # OpenAI's seed is an int64; ids and top_k fit an int32. Bounds keep huge JSON ints from

@@ -9,6 +9,7 @@ imports nothing from the test modules and nothing heavy at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -134,17 +135,10 @@ def faulty_engine(args: Any) -> Any:
     """The real engine with test-only faults keyed on the request's seed, a small KV pool (so
     decode growth preempts), and every preemption logged to $SCSV_FAULT_LOG."""
     from deployments.model_source import resolve_model
-    from shortconv.configs.config import EngineConfig
     from shortconv.llm import build_engine
 
-    cfg = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_state_slots=args.num_state_slots,
-        enable_prefix_caching=args.enable_prefix_caching,
-        num_checkpoint_slots=args.num_checkpoint_slots,
-        prefix_checkpoint_interval=args.prefix_checkpoint_interval,
-        max_model_len=args.max_model_len,
+    cfg = dataclasses.replace(
+        args.engine_config(),
         kv_page_size=FAULT_KV_PAGE_SIZE,
         num_kv_pages=int(os.environ.get(FAULT_KV_PAGES_ENV, "0")),
     )

@@ -112,6 +112,7 @@ class EngineConfig:
     num_kv_pages: int = 0  # 0: enough for max_num_seqs full-length sequences, capped by memory
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     kv_cache_bytes: int = 1 << 30  # cap on KV pages when num_kv_pages is 0
+    session_ttl_s: float = 600.0  # a kept session idle this long is dropped
     # None: graph-captured decode on CUDA only. On CPU a "replay" is the same eager forward on
     # static buffers padded to a (batch, context) bucket, plus a per-step state snapshot, and MoE
     # runs every expert: measured 1.3x slower per decode step (bench/RESULTS.md, CPU results).

@@ -19,7 +19,7 @@ from shortconv.execution.graph_runner import GraphStats
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.metrics.recorder import MetricsRecorder
 from shortconv.sampling.grammar.runtime import GrammarRuntime
-from shortconv.sampling.sampling_params import SamplingParams
+from shortconv.sampling.sampling_params import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class LLMEngine:
                 eng.kv_page_size,
                 tuple(sorted(eos)),
                 enable_prefix_caching=eng.enable_prefix_caching,
+                session_ttl_s=eng.session_ttl_s,
                 checkpoint_interval=eng.checkpoint_interval,
             ),
             SlotAllocator(self.capacity.num_slots),
@@ -77,18 +78,20 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if not prompt_token_ids:
-            raise ValueError("prompt is empty: at least one token is required")
+            raise InvalidRequest("prompt is empty: at least one token is required", "prompt")
         vocab = self.model_cfg.vocab_size
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+            msg = f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})"
+            raise InvalidRequest(msg, "prompt")
         if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
+            raise InvalidRequest(
                 f"prompt has {len(prompt_token_ids)} tokens but the maximum model length is "
-                f"{self.max_model_len} (including at least one generated token)"
+                f"{self.max_model_len} (including at least one generated token)",
+                "prompt",
             )
         if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this checkpoint has none")
+            raise InvalidRequest("stop strings need a tokenizer; this checkpoint has none", "stop")
         if params.grammar is not None:
             self.grammars.check(params.grammar)  # GrammarError (a ValueError) naming the field
 

@@ -9,6 +9,15 @@ from dataclasses import dataclass, field
 from shortconv.sampling.grammar.spec import GrammarSpec
 
 
+class InvalidRequest(ValueError):
+    """Bad input for one request; `param` names the request field at fault, set where it is
+    raised, so the HTTP layer's 400 names it without reading the message."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens for one request.
@@ -45,13 +54,14 @@ class SamplingParams:
         try:
             object.__setattr__(self, "stop", tuple(stop))
         except TypeError:
-            raise ValueError(f"SamplingParams.stop must be a sequence, got {stop!r}") from None
+            msg = f"SamplingParams.stop must be a sequence, got {stop!r}"
+            raise InvalidRequest(msg, "stop") from None
         object.__setattr__(self, "stop_token_ids", _token_ids(ids))
         self._validate()
 
     def _validate(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"SamplingParams.{name} {why}")
+        def bad(name: str, why: str) -> InvalidRequest:
+            return InvalidRequest(f"SamplingParams.{name} {why}", name)
 
         if not _finite(self.temperature) or self.temperature < 0:
             raise bad("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
@@ -92,7 +102,7 @@ def _token_ids(ids: object) -> tuple[int, ...]:
         return tuple(operator.index(t) for t in items)
     except TypeError:
         msg = f"SamplingParams.stop_token_ids must be int token ids, got {ids!r}"
-        raise ValueError(msg) from None
+        raise InvalidRequest(msg, "stop_token_ids") from None
 
 
 def _is_int(x: object) -> bool:

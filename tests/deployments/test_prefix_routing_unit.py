@@ -1,5 +1,5 @@
 """Prefix-aware routing without a Ray runtime: the prefix key, SessionAffinityRouter's choice on
-stub replicas, LLMServer's in-process ASGI forwarding and the ingress relay (413, 503, streams)."""
+stub replicas, the typed handle calls (retry, cancel) and the ingress (413, 503, streams)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,26 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
-from ray.exceptions import RayActorError
+import pytest
+from ray.exceptions import RayActorError, RayTaskError
 from ray.serve._private.common import RequestMetadata
 from ray.serve.exceptions import BackPressureError
 from ray.serve.request_router import PendingRequest
 from test_serve_router import StubReplica, make_router
 
-from deployments.asgi_forward import ForwardedRequest, PrefixRecord, run_asgi
+from deployments.handle_replica import HandleReplica
 from deployments.ingress import IngressConfig, build_ingress_app
-from deployments.prefix_key import BLOCK_CHARS, MAX_BLOCKS, chain_hashes, prefix_hashes
+from deployments.openai_errors import APIError
+from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
+from deployments.prefix_key import (
+    BLOCK_CHARS,
+    MAX_BLOCKS,
+    chain_hashes,
+    chat_prefix,
+    completion_prefix,
+)
+from deployments.prefix_owners import PrefixRecord
+from deployments.replica_api import Reply, RequestContext
 
 SYSTEM = "s" * 512
 
@@ -29,36 +38,34 @@ def chat_body(user: str, system: str = SYSTEM) -> bytes:
     return json.dumps({"model": "m", "messages": msgs}).encode()
 
 
+def key(user: str, system: str = SYSTEM) -> tuple[int, ...]:
+    return chat_prefix(ChatCompletionRequest.model_validate_json(chat_body(user, system)))
+
+
 def test_prefix_key_shares_exactly_the_common_blocks() -> None:
-    a = prefix_hashes("POST", "/v1/chat/completions", chat_body("hello " * 40))
-    b = prefix_hashes("POST", "/v1/chat/completions", chat_body("other " * 40))
+    a, b = key("hello " * 40), key("other " * 40)
     shared = 0
     while shared < min(len(a), len(b)) and a[shared] == b[shared]:
         shared += 1
     assert shared >= 512 // BLOCK_CHARS - 1 and a[shared:] != b[shared:]
     # Chained: equal hash i means equal blocks 0..i, so a change early changes everything.
-    c = prefix_hashes("POST", "/v1/chat/completions", chat_body("hello " * 40, "t" + SYSTEM[1:]))
+    c = key("hello " * 40, "t" + SYSTEM[1:])
     assert not set(a) & set(c)
     assert len(chain_hashes("x" * BLOCK_CHARS * (MAX_BLOCKS + 5))) == MAX_BLOCKS
     # A short prompt (one partial block) follows only its own copies.
-    short = prefix_hashes("POST", "/v1/chat/completions", chat_body("hi", "be brief"))
-    assert short == prefix_hashes("POST", "/v1/chat/completions", chat_body("hi", "be brief"))
-    assert len(short) == 1 and not set(short) & set(
-        prefix_hashes("POST", "/v1/chat/completions", chat_body("ho", "be brief"))
-    )
-    assert prefix_hashes("POST", "/v1/completions", json.dumps({"prompt": "p" * 300}).encode())
-    for method, path, body in [
-        ("GET", "/v1/models", b""),
-        ("POST", "/v1/completions", b'{"prompt": '),
-        ("POST", "/v1/completions", b"[" * 4000 + b"]" * 4000),
-        ("POST", "/v1/internal/reset_prefix_cache", b""),
-    ]:
-        assert prefix_hashes(method, path, body) == []
+    short = key("hi", "be brief")
+    assert short == key("hi", "be brief")
+    assert len(short) == 1 and not set(short) & set(key("ho", "be brief"))
+    # Completions: the prompt, text or token ids, keyed the same way.
+    text = completion_prefix(CompletionRequest(prompt="p" * 300))
+    ids = completion_prefix(CompletionRequest(prompt=[5] * 300))
+    assert len(text) == 3 and ids and not set(text) & set(ids)
 
 
 def pending(hashes: list[int], session_id: str = "") -> PendingRequest:
     meta = RequestMetadata(request_id="r", internal_request_id="r", session_id=session_id)
-    return PendingRequest(args=[], kwargs={"prefix_hashes": hashes}, metadata=meta)
+    ctx = RequestContext(session_id or None, tuple(hashes))
+    return PendingRequest(args=[], kwargs={"ctx": ctx}, metadata=meta)
 
 
 async def choose(router: Any, req: PendingRequest) -> list[list[str]]:
@@ -134,72 +141,118 @@ def test_prefix_record_is_a_bounded_lru() -> None:
     assert rec.report() == []
 
 
-def streaming_app(log: list[str]) -> FastAPI:
-    app = FastAPI()
+class FakeCall:
+    """What a DeploymentHandle method gives back: awaitable, or iterable when streaming."""
 
-    @app.post("/echo")
-    async def echo(request: Request) -> dict[str, str]:
-        return {"got": (await request.body()).decode(), "q": request.url.query}
+    def __init__(self, items: list[Any]) -> None:
+        self.items, self.cancelled = items, False
 
-    @app.get("/stream")
-    async def stream() -> StreamingResponse:
-        async def gen() -> AsyncIterator[bytes]:
-            try:
-                for i in range(1000):
-                    yield f"data: {i}\n\n".encode()
-                    await asyncio.sleep(0.01)
-            finally:
-                log.append("closed")
+    def __await__(self) -> Any:
+        async def one() -> Any:
+            return self._next()
 
-        return StreamingResponse(gen(), media_type="text/event-stream")
+        return one().__await__()
 
-    return app
+    def __aiter__(self) -> FakeCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self.items:
+            raise StopAsyncIteration
+        return self._next()
+
+    def _next(self) -> Any:
+        item = self.items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
-def test_run_asgi_streams_and_aborts_on_cancel() -> None:
+class FakeHandle:
+    """Each `.remote()` takes the next scripted call; records the options and calls."""
+
+    def __init__(self, calls: list[FakeCall]) -> None:
+        self.calls, self.made, self.opts = calls, [], {}  # type: ignore[var-annotated]
+
+    def options(self, **opts: Any) -> FakeHandle:
+        self.opts.update(opts)
+        return self
+
+    def __getattr__(self, method: str) -> Any:
+        handle = self
+
+        class Method:
+            def remote(self, *args: Any, **kwargs: Any) -> FakeCall:
+                handle.made.append((method, args, kwargs))
+                return handle.calls.pop(0)
+
+        return Method()
+
+
+def test_handle_calls_retry_a_dead_replica_once_and_cancel_on_close() -> None:
     async def main() -> None:
-        log: list[str] = []
-        app = streaming_app(log)
-        req = ForwardedRequest(
-            "POST", "/echo", b"a=1", [(b"content-type", b"application/json")], b"hi"
+        ok = Reply("r1", {"ok": 1})
+        handle = FakeHandle([FakeCall([RayActorError()]), FakeCall([ok])])
+        req, ctx = CompletionRequest(prompt="p"), RequestContext("s1", (1, 2))
+        replica = HandleReplica(handle, "s1")  # type: ignore[arg-type]
+        assert await replica.completion(req, ctx) == ok
+        assert handle.opts == {"session_id": "s1"} and handle.made[-1][2] == {"ctx": ctx}
+        dead = [FakeCall([RayActorError()]), FakeCall([RayActorError()])]
+        with pytest.raises(RayActorError):  # twice dead: the ingress answers 503
+            await HandleReplica(FakeHandle(dead)).models()  # type: ignore[arg-type]
+        # A stream: the first chunk after one retry; closing it (a client that left) cancels.
+        first = FakeCall([RayActorError()])
+        second = FakeCall([Reply("r1", {"i": i}) for i in range(100)])
+        stream = HandleReplica(FakeHandle([first, second])).chat_stream(  # type: ignore[arg-type]
+            ChatCompletionRequest.model_validate_json(chat_body("u")), ctx
         )
-        got = [m async for m in run_asgi(app, req)]
-        assert got[0]["type"] == "http.response.start" and got[0]["status"] == 200
-        assert json.loads(b"".join(m.get("body", b"") for m in got[1:])) == {
-            "got": "hi",
-            "q": "a=1",
-        }
-        gen = run_asgi(app, ForwardedRequest("GET", "/stream"))
-        assert (await gen.__anext__())["status"] == 200
-        assert (await gen.__anext__())["body"] == b"data: 0\n\n"  # incremental, not buffered
-        await gen.aclose()  # what a cancelled handle call does to the replica's generator
-        assert log == ["closed"]
+        assert [(await anext(stream)).body for _ in range(2)] == [{"i": 0}, {"i": 1}]
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert first.cancelled and second.cancelled
 
     asyncio.run(main())
 
 
-def test_ingress_relays_refuses_and_translates() -> None:
-    calls: list[tuple[str | None, list[int]]] = []
+class FakeReplica:
+    """The `Replica` methods, scripted by the request's content."""
 
-    async def replica(req: ForwardedRequest, sid: str | None, hashes: list[int]) -> Any:
-        calls.append((sid, hashes))
-        if req.path == "/busy":
+    def __init__(self) -> None:
+        self.calls: list[tuple[str | None, tuple[int, ...]]] = []
+        self.sid: str | None = None
+
+    async def chat(self, request: Any, ctx: RequestContext) -> Reply:
+        self.calls.append((ctx.session_id, ctx.prefix_hashes))
+        content = request.messages[-1].content
+        if content == "busy":
             raise BackPressureError(num_queued_requests=9, max_queued_requests=8)
-        if req.path == "/broken":
-            sse = [(b"content-type", b"text/event-stream")]
-            yield {"type": "http.response.start", "status": 200, "headers": sse}
-            yield {"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True}
-            raise RayActorError()
-        yield {
-            "type": "http.response.start",
-            "status": 201,
-            "headers": [(b"x-shortconv-replica", b"r1")],
-        }
-        for part in (b"one,", b"two"):
-            yield {"type": "http.response.body", "body": part, "more_body": True}
-        yield {"type": "http.response.body", "body": b"", "more_body": False}
+        if content == "refused":  # an APIError from the replica, as Ray hands it back
+            cause = APIError("too many", 429, code="slow_down")
+            raise RayTaskError("chat", "tb", cause).as_instanceof_cause()
+        return Reply("r1", {"text": "one,two"})
 
-    app = build_ingress_app(replica, IngressConfig(max_request_bytes=2048))
+    async def chat_stream(self, request: Any, ctx: RequestContext) -> AsyncIterator[Reply]:
+        yield Reply("r2", {"i": 0})
+        raise RayActorError()
+
+    async def models(self) -> Reply:
+        self.calls.append((self.sid, ()))
+        return Reply("r1", {"data": []})
+
+
+def test_ingress_calls_refuses_and_translates() -> None:
+    fake = FakeReplica()
+
+    def connect(sid: str | None) -> Any:
+        fake.sid = sid
+        return fake
+
+    app = build_ingress_app(connect, IngressConfig(model_name="m", max_request_bytes=2048))
+
+    def body(content: str, **kw: Any) -> dict[str, Any]:
+        return {"model": "m", "messages": [{"role": "user", "content": content}], **kw}
 
     async def main() -> None:
         transport = httpx.ASGITransport(app=app)
@@ -207,22 +260,25 @@ def test_ingress_relays_refuses_and_translates() -> None:
             r = await client.post(
                 "/v1/chat/completions", content=chat_body("u"), headers={"X_Session_Id": "s1"}
             )
-            assert (r.status_code, r.text, r.headers["x-shortconv-replica"]) == (
-                201,
-                "one,two",
+            assert (r.status_code, r.json(), r.headers["x-shortconv-replica"]) == (
+                200,
+                {"text": "one,two"},
                 "r1",
             )
-            assert calls[-1][0] == "s1" and len(calls[-1][1]) >= 4
+            assert fake.calls[-1][0] == "s1" and len(fake.calls[-1][1]) >= 4
             r = await client.post("/v1/completions", content=b"z" * 4096)
             assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
-            r = await client.post("/busy", content=b"{}")
+            r = await client.post("/v1/chat/completions", json=body("busy"))
             assert r.status_code == 503 and r.headers["retry-after"] == "1"
             assert r.json()["error"]["code"] == "overloaded"
-            r = await client.post("/broken", content=b"{}")
+            r = await client.post("/v1/chat/completions", json=body("refused"))
+            assert r.status_code == 429 and r.json()["error"]["code"] == "slow_down"
+            r = await client.post("/v1/chat/completions", json=body("x", stream=True))
             events = [e for e in r.text.split("\n") if e.startswith("data: ")]
-            assert r.status_code == 200 and events[0] == "data: {}" and events[-1] == "data: [DONE]"
+            assert r.status_code == 200 and r.headers["x-shortconv-replica"] == "r2"
+            assert events[0] == 'data: {"i":0}' and events[-1] == "data: [DONE]"
             assert json.loads(events[1][6:])["error"]["code"] == "replica_unavailable"
             r = await client.get("/v1/models")
-            assert r.status_code == 201 and calls[-1] == (None, [])
+            assert r.status_code == 200 and fake.calls[-1] == (None, ())
 
     asyncio.run(main())

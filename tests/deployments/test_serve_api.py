@@ -1,4 +1,5 @@
-"""The OpenAI layer and the engine loop against a fake engine (no Ray): HTTP in-process."""
+"""The OpenAI layer and the engine loop against a fake engine (no Ray): HTTP in-process, the
+ingress app calling the replica's typed methods directly."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 
 from deployments.async_engine import AsyncEngine
 from deployments.engine_types import EngineOverloaded
-from deployments.openai_api import ApiConfig, build_openai_app
+from deployments.ingress import IngressConfig, build_ingress_app
+from deployments.openai_api import ApiConfig, OpenAIReplica
 from shortconv.cache.sessions import SessionPins
 from shortconv.engine.outputs import RequestOutput
 from shortconv.engine.stats import EngineStats
@@ -126,7 +128,8 @@ def serve_app(fn: Callable[[httpx.AsyncClient, FakeEngine, AsyncEngine], Any], *
     fake = FakeEngine(kw.pop("fail_after", None))
     eng = AsyncEngine(fake, admission_limit=kw.pop("admission_limit", 8))
     eng.start()
-    app = build_openai_app(eng, ApiConfig(model_name=MODEL, replica_id="r0", **kw))
+    replica = OpenAIReplica(eng, ApiConfig(model_name=MODEL, replica_id="r0"))
+    app = build_ingress_app(lambda _sid: replica, IngressConfig(model_name=MODEL, **kw))
 
     async def main() -> Any:
         transport = httpx.ASGITransport(app=app)

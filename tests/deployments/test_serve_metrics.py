@@ -206,18 +206,19 @@ def test_service_metrics_reach_prometheus(stack: Stack) -> None:
     prom.wait_value(total("ray_shortconv_prefix_cache_checkpoints"), lambda v: v == 0)
 
 
-def test_build_engine_passes_graph_args_and_the_test_factory_fails_replays(
+def test_build_engine_passes_graph_args_session_ttl_and_the_test_factory_fails_replays(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The app's graph args reach the engine; the test's factory wraps that same engine (the
     production build carries no fault hook) and its first replay fails, then replays work."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     base = {"tiny_arch": "lfm2", "max_num_seqs": 4, "dtype": "float32"}
-    args = {**base, "enable_graphs": True, "graph_batch_sizes": [1, 2]}  # CPU default is off
+    args = {**base, "enable_graphs": True, "graph_batch_sizes": [1, 2], "session_ttl_s": 7.0}
     engine = replay_failing_engine(parse_args(args))
     try:
         graphs = engine.executor.runner.graphs  # type: ignore[attr-defined]
-        assert graphs.batch_sizes == (1, 2)
+        assert graphs.batch_sizes == (1, 2)  # CPU default is off: on here
+        assert engine.sessions.ttl_s == 7.0  # from the args, at construction
         engine.add_request(
             [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=2 + REPLAY_FAILURES)
         )

@@ -1,0 +1,66 @@
+"""What callers ask of AsyncEngine's loop thread: small frozen commands, dispatched by type."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from shortconv.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from deployments.engine_types import Delta
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Where one request's deltas go: a queue on the caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Delta]
+    session_id: str | None
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    stream: Stream
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class CheckHealth:
+    """Answered with the reason the engine or its executor is unusable, or None."""
+
+    reply: asyncio.Future[str | None]
+
+
+@dataclass(frozen=True)
+class ResetPrefixCache:
+    """Answered with the number of prefix-cache entries dropped."""
+
+    reply: asyncio.Future[int]
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+Command = AddRequest | Abort | CheckHealth | ResetPrefixCache | Stop
+
+
+def answer(fut: asyncio.Future[Any], value: Any) -> None:
+    """Resolve `fut` from the loop thread (on its own event loop)."""
+    fut.get_loop().call_soon_threadsafe(_resolve, fut, value)
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)

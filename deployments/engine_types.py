@@ -9,10 +9,17 @@ from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from shortconv.cache.sessions import SessionPins
-    from shortconv.engine.stats import EngineStats
-    from shortconv.execution.graph_runner import GraphStats
+    from shortconv.engine.stats import EngineStats, GraphStats
     from shortconv.metrics.recorder import MetricsRecorder
+
+
+class SessionsLike(Protocol):
+    """The engine's kept sessions, as the loop sees them: expiry and the ids to report."""
+
+    ttl_s: float
+
+    def evict_idle(self) -> int: ...
+    def session_ids(self) -> list[str]: ...
 
 
 class EngineLike(Protocol):
@@ -44,8 +51,8 @@ class EngineLike(Protocol):
         """Raise (ExecutorError) when the executor's workers are unusable."""
 
     @property
-    def sessions(self) -> SessionPins:
-        """Kept session state: TTL (`ttl_s`), `evict_idle()`, `session_ids()`."""
+    def sessions(self) -> SessionsLike:
+        """Kept session state (the engine's session pins)."""
 
     def shutdown(self) -> None: ...
 

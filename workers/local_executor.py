@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.plan import StepPlan, StepResult
-from shortconv.execution.graph_runner import GraphStats
+from shortconv.engine.stats import GraphStats
 from shortconv.execution.parallel import SINGLE
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import WorkerSpec

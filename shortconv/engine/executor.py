@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from shortconv.engine.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
-    from shortconv.execution.graph_runner import GraphStats
+    from shortconv.engine.stats import GraphStats
 
 
 class ExecutorError(RuntimeError):

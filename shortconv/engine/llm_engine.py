@@ -13,9 +13,8 @@ from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
-from shortconv.engine.stats import EngineStats
+from shortconv.engine.stats import EngineStats, GraphStats
 from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from shortconv.execution.graph_runner import GraphStats
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.metrics.recorder import MetricsRecorder
 from shortconv.sampling.grammar.runtime import GrammarRuntime

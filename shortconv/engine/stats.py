@@ -38,3 +38,14 @@ class EngineStats:
     @property
     def kv_cache_usage(self) -> float:
         return self.kv_pages_used / self.kv_pages_total if self.kv_pages_total else 0.0
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    """Counters since start-up (every key present from the start, at 0)."""
+
+    num_graphs: int
+    capture_seconds: float
+    replays: int
+    replay_failures: dict[str, int]  # by phase: prepare | replay
+    eager_fallbacks: dict[str, int]  # by reason: no_bucket | replay_error

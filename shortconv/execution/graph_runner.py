@@ -47,6 +47,7 @@ from torch import nn
 
 from shortconv.configs.config import EngineConfig
 from shortconv.engine.plan import StepPlan
+from shortconv.engine.stats import GraphStats
 from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
 from shortconv.execution.step_inputs import DecodeShape
@@ -56,17 +57,6 @@ log = logging.getLogger(__name__)
 
 FAILURE_PHASES = ("prepare", "replay")
 FALLBACK_REASONS = ("no_bucket", "replay_error")
-
-
-@dataclass(frozen=True)
-class GraphStats:
-    """Counters since start-up (every key present from the start, at 0)."""
-
-    num_graphs: int
-    capture_seconds: float
-    replays: int
-    replay_failures: dict[str, int]  # by phase: prepare | replay
-    eager_fallbacks: dict[str, int]  # by reason: no_bucket | replay_error
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from shortconv.engine.outputs import FinishReason
 
 if TYPE_CHECKING:
-    from shortconv.engine.stats import EngineStats
-    from shortconv.execution.graph_runner import GraphStats
+    from shortconv.engine.stats import EngineStats, GraphStats
 
 Kind = Literal["counter", "gauge", "histogram"]
 Labels = Mapping[str, str]

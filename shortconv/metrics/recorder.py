@@ -27,8 +27,7 @@ from shortconv.metrics.defs import (
 if TYPE_CHECKING:
     from shortconv.engine.outputs import RequestOutput
     from shortconv.engine.plan import StepPlan
-    from shortconv.engine.stats import EngineStats
-    from shortconv.execution.graph_runner import GraphStats
+    from shortconv.engine.stats import EngineStats, GraphStats
 
 _TTFT, _ITL, _E2E, _STEP = METRICS[-4:]  # the histograms, in table order
 

@@ -15,9 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from shortconv.engine.stats import EngineStats
+from shortconv.engine.stats import EngineStats, GraphStats
 from shortconv.execution import graph_runner
-from shortconv.execution.graph_runner import GraphStats
 from shortconv.metrics.defs import (
     BY_NAME,
     FALLBACK_REASONS,

@@ -21,14 +21,23 @@ import torch
 import triton
 
 from shortconv.kernels import attention_triton_kernels as _k
+from shortconv.kernels.launch_config import (
+    ATTN_DECODE,
+    ATTN_EXTEND,
+    ATTN_REDUCE,
+    LaunchConfig,
+)
 
 _LOG2E = math.log2(math.e)
 # A decode split covers at least this many positions: below it the partials' write and the
 # reduce launch cost more than the extra parallelism buys.
 _MIN_SPLIT_LEN = 256
-_DECODE_BLOCK_N = 64
-_EXTEND_BLOCK_N = 64
-_EXTEND_ROWS = 64  # query rows (tokens x group heads) per extend program
+_DECODE_BLOCK_N = 64  # NOTE: every ATTN_DECODE entry's block_n (splits round to it)
+
+
+def launch_config(table: dict[tuple[bool, bool], LaunchConfig], q: torch.Tensor) -> LaunchConfig:
+    """The table's entry for q's shape class: (bf16/fp16?, head_dim > 64?)."""
+    return table[(q.dtype != torch.float32, q.shape[-1] > 64)]
 
 
 @functools.cache
@@ -79,10 +88,18 @@ def _target_programs(device: torch.device) -> int:
     return 4
 
 
-def decode_splits(batch: int, num_kv: int, max_context: int, device: torch.device) -> int:
-    """Splits per (sequence, KV head): enough programs to fill the device, each split at
-    least `_MIN_SPLIT_LEN` positions. From static shapes only (graph-capturable)."""
-    want = triton.cdiv(_target_programs(device), max(1, batch * num_kv))
+def decode_splits(
+    batch: int,
+    num_kv: int,
+    max_context: int,
+    device: torch.device,
+    programs: int | None = None,
+) -> int:
+    """Splits per (sequence, KV head): enough programs to fill the device (`programs`, by
+    default from the device's SM count), each split at least `_MIN_SPLIT_LEN` positions. From
+    static shapes only (graph-capturable)."""
+    programs = _target_programs(device) if programs is None else programs
+    want = triton.cdiv(programs, max(1, batch * num_kv))
     return max(1, min(want, triton.cdiv(max_context, _MIN_SPLIT_LEN)))
 
 
@@ -127,6 +144,7 @@ def paged_attention_decode_triton(
     m = torch.empty(parts, dtype=torch.float32, device=q.device)
     den = torch.empty_like(m)
     acc = torch.empty((*parts, block_d), dtype=torch.float32, device=q.device)
+    cfg = launch_config(ATTN_DECODE, q)
     decode[(batch, num_kv, num_splits)](
         q,
         k_cache,
@@ -155,9 +173,11 @@ def paged_attention_decode_triton(
         PAGE=page_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d,
-        BLOCK_N=_DECODE_BLOCK_N,
+        BLOCK_N=cfg.block_n,
         DIRECT=direct,
         **_dot_args(q),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if not direct:
         reduce[(batch, num_heads)](
@@ -170,8 +190,11 @@ def paged_attention_decode_triton(
             head_dim,
             out.stride(0),
             out.stride(1),
-            BLOCK_S=triton.next_power_of_2(num_splits),
+            SPLITS=triton.next_power_of_2(num_splits),
+            BLOCK_S=min(triton.next_power_of_2(num_splits), ATTN_REDUCE.block_n),
             BLOCK_D=block_d,
+            num_warps=ATTN_REDUCE.num_warps,
+            num_stages=ATTN_REDUCE.num_stages,
         )
     return out
 
@@ -204,8 +227,9 @@ def paged_attention_extend_triton(
     if batch == 0 or q.shape[0] == 0 or max_query_len == 0:
         return out
     num_kv = k_cache.shape[1]
+    cfg = launch_config(ATTN_EXTEND, q)
     block_g = triton.next_power_of_2(group)
-    block_m = max(1, _EXTEND_ROWS // block_g)
+    block_m = max(1, cfg.block_i // block_g)  # block_i: query rows (tokens x group heads)
     extend = _jitted(_interpreting())[2]
     extend[(batch, num_kv, triton.cdiv(max_query_len, block_m))](
         q,
@@ -231,7 +255,9 @@ def paged_attention_extend_triton(
         BLOCK_G=block_g,
         BLOCK_M=block_m,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_N=_EXTEND_BLOCK_N,
+        BLOCK_N=cfg.block_n,
         **_dot_args(q),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return out

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from shortconv.kernels import conv1d_triton
+from shortconv.kernels.launch_config import CCA_DECODE, CCA_PREFILL, LaunchConfig
 
 
 def _cca_kernel(
@@ -62,6 +63,8 @@ def _cca_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    LOW_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     # Column n is a packed token (extend) or a batch row (decode, which is extend with every
     # row a resumed one-token sequence: position 0, x column n).
@@ -90,9 +93,10 @@ def _cca_kernel(
     omask = o < group
     c_out = head * group + o
     acc = tl.full([BLOCK_G, BLOCK_N], 0.0, tl.float32)
-    # Unrolled over input-channel chunks (BLOCK_G/BLOCK_I <= 8 for g <= 256): a runtime
-    # `range(group)` does not run under the interpreter, and masks cover the tail.
-    for i0 in tl.static_range(0, BLOCK_G, BLOCK_I):
+    # NOTE: a loop (scf.for), not tl.static_range: unrolling all BLOCK_G/BLOCK_I chunks let
+    # the compiler hoist every chunk's loads at once (8.9 KB of spills per thread at g=128).
+    # Its bounds are constexprs, which the interpreter's `range` runs as well.
+    for i0 in range(0, BLOCK_G, BLOCK_I):
         i = i0 + tl.arange(0, BLOCK_I)
         imask = i < group
         ci = head * group + i
@@ -116,9 +120,18 @@ def _cca_kernel(
                 st += tl.load(b0_ptr + ci, mask=imask, other=0.0).to(tl.float32)[:, None]
             w1_off = c_out[:, None] * w1_sc + i[None, :] * w1_si + s * w1_ss
             w1m = omask[:, None] & imask[None, :]
-            w1t = tl.load(w1_ptr + w1_off, mask=w1m, other=0.0).to(tl.float32)
-            # ieee: tf32 would cost ~1e-3 relative error against the fp32 reference.
-            acc = tl.dot(w1t, st, acc, input_precision="ieee")
+            w1t = tl.load(w1_ptr + w1_off, mask=w1m, other=0.0)
+            if LOW_PRECISION:
+                # bf16/fp16: stage 1 rounded to the weights' dtype, then a tensor-core product
+                # with fp32 accumulation (the model's own precision; see cca_conv_fn_triton).
+                st = st.to(w1_ptr.dtype.element_ty)
+                if UPCAST:  # the interpreter's dot cannot take bf16: same values, in fp32
+                    st = st.to(tl.float32)
+                    w1t = w1t.to(tl.float32)
+                acc = tl.dot(w1t, st, acc, input_precision="ieee" if UPCAST else "tf32")
+            else:
+                # ieee: tf32 would cost ~1e-3 relative error against the fp32 reference.
+                acc = tl.dot(w1t.to(tl.float32), st, acc, input_precision="ieee")
     if HAS_B1:
         acc += tl.load(b1_ptr + c_out, mask=omask, other=0.0).to(tl.float32)[:, None]
     acc = tl.where(live[None, :], acc, 0.0)
@@ -132,7 +145,7 @@ def _cca_kernel(
         # before its stores is enough; rows share a slot only when padded, and pad rows skip.
         k = tl.arange(0, BLOCK_K)
         kmask = k < KW
-        for i0 in tl.static_range(0, BLOCK_G, BLOCK_I):
+        for i0 in range(0, BLOCK_G, BLOCK_I):
             ci = head * group + i0 + tl.arange(0, BLOCK_I)
             imask = ci < head * group + group
             m2 = imask[:, None] & live[None, :]
@@ -146,6 +159,11 @@ def _cca_kernel(
             wm = m2[:, :, None] & kmask[None, None, :]
             dst = state_ptr + base + k[None, None, :] * s_k
             tl.store(dst, new.to(state_ptr.dtype.element_ty), mask=wm)
+
+
+def launch_config(decode: bool, low_precision: bool) -> LaunchConfig:
+    """Tiles and warps for this shape class (`launch_config` module: why these)."""
+    return (CCA_DECODE if decode else CCA_PREFILL)[low_precision]
 
 
 @functools.cache
@@ -196,8 +214,11 @@ def _launch(
     t0, t1, g = _check_shapes(w0.shape[0], w0, w1, states)
     kw = (t0 - 1) + (t1 - 1)
     block_g = max(16, triton.next_power_of_2(g))  # tl.dot wants every dimension >= 16
-    grid = (w0.shape[0] // g, triton.cdiv(num_cols, 16 if decode else 32))
-    _jitted(bool(triton.knobs.runtime.interpret))[grid](
+    low = w1.dtype in (torch.bfloat16, torch.float16)
+    cfg = launch_config(decode, low)
+    grid = (w0.shape[0] // g, triton.cdiv(num_cols, cfg.block_n))
+    interpret = bool(triton.knobs.runtime.interpret)
+    _jitted(interpret)[grid](
         x,
         w0,
         b0 if b0 is not None else w0,
@@ -232,9 +253,13 @@ def _launch(
         HAS_B1=b1 is not None,
         DECODE=decode,
         BLOCK_G=block_g,
-        BLOCK_I=min(block_g, 32),
-        BLOCK_N=16 if decode else 32,
+        BLOCK_I=min(block_g, cfg.block_i),
+        BLOCK_N=cfg.block_n,
         BLOCK_K=triton.next_power_of_2(max(kw, 1)),
+        LOW_PRECISION=low,
+        UPCAST=interpret,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
 
 

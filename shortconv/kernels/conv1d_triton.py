@@ -288,6 +288,10 @@ def causal_conv1d_fn_triton(
             HAS_BIAS=bias is not None,
             BLOCK_D=block_d,
             BLOCK_T=block_t,
+            # 8 warps: 64 x 32 tiles with int64 offsets per tap spilled 184 B in fp16 at 4
+            # (sm_90 compile report; launch_config has the other kernels' reasons).
+            num_warps=8,
+            num_stages=1,
         )
     state_k[(triton.cdiv(dim, block_d), batch)](
         x,

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from shortconv.kernels import conv1d_triton
 from shortconv.kernels.launch_config import CCA_DECODE, CCA_PREFILL, LaunchConfig
+from shortconv.kernels.outputs import decode_out, out_like
 
 
 def _cca_kernel(
@@ -290,7 +291,7 @@ def cca_conv_fn_triton(
     chans, total = x.shape
     batch = cache_indices.numel()
     if out is None:
-        out = conv1d_triton._out_like(x, chans, total)
+        out = out_like(x, chans, total)
     if batch == 0 or total == 0:
         _check_shapes(chans, w0, w1, conv_states)
         return out.zero_()
@@ -367,8 +368,7 @@ def cca_conv_update_triton(
     syncs: safe under CUDA graph capture.
     """
     batch, chans = x.shape
-    if out is None:
-        out = torch.empty(batch, chans, dtype=x.dtype, device=x.device)
+    out = decode_out(x, out)
     _check_shapes(chans, w0, w1, conv_states)
     if batch == 0:
         return out

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from shortconv.kernels.outputs import decode_out, out_like
+
 
 def _fn_out_kernel(
     x_ptr,
@@ -214,13 +216,6 @@ def _check_shapes(dim: int, weight: torch.Tensor, states: torch.Tensor) -> int:
     return width
 
 
-def _out_like(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    # Keep a token-major input token-major, so the stores coalesce and out.t() is free.
-    if x.stride(0) == 1 and x.stride(1) != 1:
-        return torch.empty(cols, rows, dtype=x.dtype, device=x.device).t()
-    return torch.empty(rows, cols, dtype=x.dtype, device=x.device)
-
-
 def causal_conv1d_fn_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -245,7 +240,7 @@ def causal_conv1d_fn_triton(
     width = _check_shapes(dim, weight, conv_states)
     batch = cache_indices.numel()
     if out is None:
-        out = _out_like(x, dim, total)
+        out = out_like(x, dim, total)
     if batch == 0:
         return out.zero_()
     out_k, state_k, _ = _kernels()
@@ -332,8 +327,7 @@ def causal_conv1d_update_triton(
     """
     batch, dim = x.shape
     width = _check_shapes(dim, weight, conv_state)
-    if out is None:
-        out = torch.empty(batch, dim, dtype=x.dtype, device=x.device)
+    out = decode_out(x, out)
     if batch == 0:
         return out
     _, _, update_k = _kernels()

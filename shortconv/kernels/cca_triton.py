@@ -321,29 +321,11 @@ def cca_conv_fn_triton(
         total,
         decode=False,
     )
-    k = conv_states.shape[2]
-    if k > 0:
+    if conv_states.shape[2] > 0:
         # A separate launch on the same stream: every token tile has read its sequence's
-        # initial state before any slot is overwritten. The write-back is the plain short-conv
-        # one with window K+1 (new column j = u[len + j]), so that kernel is reused.
-        state_k = conv1d_triton._kernels()[1]
-        block_d = min(64, triton.next_power_of_2(chans))
-        state_k[(triton.cdiv(chans, block_d), batch)](
-            x,
-            conv_states,
-            query_start_loc,
-            cache_indices,
-            has_initial_state,
-            chans,
-            pad_slot_id,
-            x.stride(0),
-            x.stride(1),
-            conv_states.stride(0),
-            conv_states.stride(1),
-            conv_states.stride(2),
-            WIDTH=k + 1,
-            BLOCK_D=block_d,
-            BLOCK_K=triton.next_power_of_2(k),
+        # initial state before any slot is overwritten (new column j = u[len + j]).
+        conv1d_triton.write_back_states(
+            x, conv_states, query_start_loc, cache_indices, has_initial_state, pad_slot_id
         )
     return out
 

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from shortconv.kernels.launch_config import CONV_PREFILL, CONV_SMALL
 from shortconv.kernels.outputs import decode_out, out_like
 
 
@@ -216,6 +217,41 @@ def _check_shapes(dim: int, weight: torch.Tensor, states: torch.Tensor) -> int:
     return width
 
 
+def write_back_states(
+    x: torch.Tensor,
+    states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    pad_slot_id: int,
+) -> None:
+    """Each live sequence's slot <- the last K raw columns of [its state ‖ its tokens], for
+    x [C, T] and states [n_slots, C, K] (K >= 1): the state update of a varlen conv of window
+    K + 1 (the short conv's, and the CCA conv's). NOTE: launch it after the kernel that reads
+    the initial states, on the same stream."""
+    chans, k = states.shape[1:]
+    block_d = min(CONV_PREFILL.block_i, triton.next_power_of_2(chans))
+    _kernels()[1][(triton.cdiv(chans, block_d), cache_indices.numel())](
+        x,
+        states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        chans,
+        pad_slot_id,
+        x.stride(0),
+        x.stride(1),
+        states.stride(0),
+        states.stride(1),
+        states.stride(2),
+        WIDTH=k + 1,
+        BLOCK_D=block_d,
+        BLOCK_K=triton.next_power_of_2(k),
+        num_warps=CONV_SMALL.num_warps,
+        num_stages=CONV_SMALL.num_stages,
+    )
+
+
 def causal_conv1d_fn_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -243,16 +279,15 @@ def causal_conv1d_fn_triton(
         out = out_like(x, dim, total)
     if batch == 0:
         return out.zero_()
-    out_k, state_k, _ = _kernels()
+    out_k = _kernels()[0]
     # Per-token sequence id, computed on device (repeat_interleave would sync for its size).
     seq = torch.searchsorted(
         query_start_loc[1:].contiguous(),
         torch.arange(total, device=x.device, dtype=query_start_loc.dtype),
         right=True,
     ).to(torch.int32)
-    block_d = min(64, triton.next_power_of_2(dim))
-    block_t = 32
-    block_k = triton.next_power_of_2(width - 1)
+    block_d = min(CONV_PREFILL.block_i, triton.next_power_of_2(dim))
+    block_t = CONV_PREFILL.block_n
     bias_arg = bias if bias is not None else weight
     grid = (triton.cdiv(dim, block_d), triton.cdiv(total, block_t))
     if total > 0:
@@ -283,27 +318,11 @@ def causal_conv1d_fn_triton(
             HAS_BIAS=bias is not None,
             BLOCK_D=block_d,
             BLOCK_T=block_t,
-            # 8 warps: 64 x 32 tiles with int64 offsets per tap spilled 184 B in fp16 at 4
-            # (sm_90 compile report; launch_config has the other kernels' reasons).
-            num_warps=8,
-            num_stages=1,
+            num_warps=CONV_PREFILL.num_warps,
+            num_stages=CONV_PREFILL.num_stages,
         )
-    state_k[(triton.cdiv(dim, block_d), batch)](
-        x,
-        conv_states,
-        query_start_loc,
-        cache_indices,
-        has_initial_state,
-        dim,
-        pad_slot_id,
-        x.stride(0),
-        x.stride(1),
-        conv_states.stride(0),
-        conv_states.stride(1),
-        conv_states.stride(2),
-        WIDTH=width,
-        BLOCK_D=block_d,
-        BLOCK_K=block_k,
+    write_back_states(
+        x, conv_states, query_start_loc, cache_indices, has_initial_state, pad_slot_id
     )
     return out
 
@@ -356,5 +375,7 @@ def causal_conv1d_update_triton(
         HAS_BIAS=bias is not None,
         BLOCK_D=block_d,
         BLOCK_K=block_k,
+        num_warps=CONV_SMALL.num_warps,
+        num_stages=CONV_SMALL.num_stages,
     )
     return out

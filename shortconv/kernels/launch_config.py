@@ -74,3 +74,15 @@ ATTN_EXTEND = {
 # at 4 warps; the whole-row load of a 256-split row (ZAYA1 batch 1, full context) used 255
 # registers and spilled.
 ATTN_REDUCE = LaunchConfig(32, 0, 4, 1)
+
+# Fused MoE grouped GEMMs (`moe_triton`): block_n x BLOCK_K 64 x 64 weight tiles, BLOCK_M rows
+# from the routes per expert (`block_m_for`). 4 warps, 3 stages: the K loop is a `for` with
+# constexpr bounds, so the pipeliner double-buffers its loads; at BLOCK_M 64 the gate+up
+# kernel holds 2 fp32 accumulators (64 registers per thread): bf16 123 regs / 0 spills /
+# 40 KB shared, tensor cores; fp32 167 / 0 / 80 KB (of 227 KB).
+MOE_GEMM = LaunchConfig(64, 64, 4, 3)
+# Short conv (`conv1d_triton`): elementwise taps, no products. Prefill [64 ch x 32 tok] tiles
+# at 8 warps (4 warps spilled 184 B in fp16: int64 offsets per tap); decode and the state
+# write-back are [64-128 ch x W] tiles, 19-24 registers at 4 warps. No loop to pipeline.
+CONV_PREFILL = LaunchConfig(32, 64, 8, 1)
+CONV_SMALL = LaunchConfig(0, 0, 4, 1)

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from shortconv.kernels.launch_config import MOE_GEMM
 from shortconv.kernels.moe_align import MoeAlignment, align_routes
 from shortconv.kernels.moe_ref import check_moe_shapes
 
@@ -256,6 +257,8 @@ def _grouped_gemms(
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
+        num_warps=MOE_GEMM.num_warps,
+        num_stages=MOE_GEMM.num_stages,
     )
     # Zeroed: skip routes (and zero-weight ones) are written by no block.
     routed = torch.zeros(num_routes, hidden, dtype=x.dtype, device=x.device)
@@ -284,5 +287,7 @@ def _grouped_gemms(
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
+        num_warps=MOE_GEMM.num_warps,
+        num_stages=MOE_GEMM.num_stages,
     )
     return routed

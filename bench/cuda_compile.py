@@ -15,6 +15,7 @@ instructions. Exit status 1 on any compile failure, or on spills in a bf16/fp16 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import defaultdict
@@ -93,10 +94,39 @@ def sweep(
     return lines
 
 
-def quick_sweep(echo: bool = True) -> list[Line]:
+def _pick_families(names: list[str]) -> dict[str, object]:
+    return {n: cc.FAMILIES[n] for n in names}
+
+
+def _sweep_rank(model: str, tp: int, families: list[str]) -> list[Line]:
+    """One rank shape's full sweep, in a worker process (its own compile session)."""
+    fams = _pick_families(families)
+    return sweep([cc.rank_shape(model, tp)], cc.DTYPES, False, fams, echo=False)
+
+
+def parallel_sweep(ranks: list[cc.RankShape], jobs: int, families: list[str]) -> list[Line]:
+    """The full sweep over `jobs` processes (compiling is CPU-bound and mostly holds the GIL),
+    printed in rank order as each rank's results arrive in order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    lines: list[Line] = []
+    ctx = multiprocessing.get_context("spawn")  # NOTE: no fork of a process holding triton
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_sweep_rank, r.model, r.tp, families) for r in ranks]
+        for fut in futures:
+            for ln in fut.result():
+                print(ln.format(), flush=True)
+                lines.append(ln)
+    return lines
+
+
+def quick_sweep(echo: bool = True, families: list[str] | None = None) -> list[Line]:
     """One configuration per kernel and dtype (decode at the largest batch bucket, prefill)."""
     lines: list[Line] = []
     for fam, (model, tp) in QUICK.items():
+        if families is not None and fam not in families:
+            continue
         rank = cc.rank_shape(model, tp)
         lines += sweep([rank], cc.DTYPES, True, {fam: cc.FAMILIES[fam]}, echo=echo)
     return lines
@@ -142,13 +172,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one configuration per kernel and dtype")
     p.add_argument("--summary", action="store_true", help="print the per-kernel markdown table")
     p.add_argument("--models", default=",".join(cc.MODELS), help="comma list of model names")
+    p.add_argument("--families", default=",".join(cc.FAMILIES), help="comma list of kernels")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
+    families = [f for f in args.families.split(",") if f]
+    if unknown := set(families) - set(cc.FAMILIES):
+        p.error(f"unknown kernel families {sorted(unknown)}")
     if args.quick:
-        lines = quick_sweep()
+        lines = quick_sweep(families=families)
     else:
         ranks = cc.rank_shapes(tuple(m for m in args.models.split(",") if m))
-        lines = sweep(ranks, cc.DTYPES, False)
+        jobs = min(args.jobs, len(ranks))
+        if jobs > 1:
+            lines = parallel_sweep(ranks, jobs, families)
+        else:
+            lines = sweep(ranks, cc.DTYPES, False, _pick_families(families))
     failed, spilled = failures(lines)
     fp32_spill = [ln for ln in lines if ln.rec.ok and ln.rec.spill and ln.dtype == torch.float32]
     if args.summary:

@@ -73,6 +73,24 @@ def _dot_args(q: torch.Tensor) -> dict[str, object]:
     return dict(UPCAST=_interpreting(), PREC="ieee" if q.dtype == torch.float32 else "tf32")
 
 
+def _strides(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    out: torch.Tensor,
+) -> tuple[int, ...]:
+    """The strides both kernels take, in their order: q's token and head, K's and V's row and
+    head, the block table's row, out's token and head (head_dim is contiguous: `_check`)."""
+    return (
+        *q.stride()[:2],
+        *k_cache.stride()[:2],
+        *v_cache.stride()[:2],
+        block_tables.stride(0),
+        *out.stride()[:2],
+    )
+
+
 def _out(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         return torch.empty_like(q)
@@ -161,15 +179,7 @@ def paged_attention_decode_triton(
         min_split_len,
         num_splits,
         num_heads,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
+        *_strides(q, k_cache, v_cache, block_tables, out),
         PAGE=page_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d,
@@ -242,15 +252,7 @@ def paged_attention_extend_triton(
         scale * _LOG2E,
         group,
         head_dim,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
+        *_strides(q, k_cache, v_cache, block_tables, out),
         PAGE=page_size,
         BLOCK_G=block_g,
         BLOCK_M=block_m,

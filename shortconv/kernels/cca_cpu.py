@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from shortconv.kernels.cca_ref import _two_stage, cca_conv_update_ref, cca_prev_value_update_ref
-from shortconv.kernels.outputs import decode_out
+from shortconv.kernels.decode_cpu import shift_decode_cpu
 from shortconv.kernels.slots import all_live_cpu
 
 
@@ -28,19 +28,18 @@ def cca_conv_update_cpu(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`cca_conv_update_ref`'s contract; all-live CPU batches skip the pad-row masking."""
-    out = decode_out(x, out)
-    if x.shape[0] == 0:
-        return out
-    slots = cache_indices.to(device=x.device, dtype=torch.int64)
-    if not all_live_cpu(slots, pad_slot_id):
+
+    def window_out(u: torch.Tensor) -> torch.Tensor:
+        return _two_stage(u.permute(1, 0, 2), w0, b0, w1, b1).t()
+
+    def reference(out: torch.Tensor) -> torch.Tensor:
         return cca_conv_update_ref(
             x, conv_states, w0, b0, w1, b1, cache_indices, pad_slot_id, out=out
         )
-    u = torch.cat([conv_states[slots].float(), x.float()[:, :, None]], dim=2)
-    out.copy_(_two_stage(u.permute(1, 0, 2), w0, b0, w1, b1).t())
-    if conv_states.shape[2] > 0:
-        conv_states.index_copy_(0, slots, u[:, :, 1:].to(conv_states.dtype))
-    return out
+
+    return shift_decode_cpu(
+        x, conv_states, cache_indices, pad_slot_id, out, window_out, reference, all_live_cpu
+    )
 
 
 def cca_prev_value_update_cpu(

@@ -295,12 +295,7 @@ def cca_conv_fn_triton(
     if batch == 0 or total == 0:
         _check_shapes(chans, w0, w1, conv_states)
         return out.zero_()
-    # Per-token sequence id on device (repeat_interleave would sync for its size).
-    seq = torch.searchsorted(
-        query_start_loc[1:].contiguous(),
-        torch.arange(total, device=x.device, dtype=query_start_loc.dtype),
-        right=True,
-    ).to(torch.int32)
+    seq = conv1d_triton.token_sequence_ids(query_start_loc, total)
     _launch(
         x,
         x.stride(0),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from shortconv.kernels.conv1d_ref import causal_conv1d_update_ref, tap_sum
-from shortconv.kernels.outputs import decode_out
+from shortconv.kernels.decode_cpu import shift_decode_cpu
 from shortconv.kernels.slots import all_live_cpu
 
 
@@ -25,17 +25,16 @@ def causal_conv1d_update_cpu(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`causal_conv1d_update_ref`'s contract; all-live CPU batches skip the pad-row masking."""
-    out = decode_out(x, out)
-    if x.shape[0] == 0:
-        return out
-    slots = conv_state_indices.to(device=x.device, dtype=torch.int64)
-    if not all_live_cpu(slots, pad_slot_id):
+
+    def window_out(u: torch.Tensor) -> torch.Tensor:
+        acc = tap_sum(u, weight.to(torch.float32))
+        return acc + bias.to(torch.float32)[None] if bias is not None else acc
+
+    def reference(out: torch.Tensor) -> torch.Tensor:
         return causal_conv1d_update_ref(
             x, conv_state, weight, bias, conv_state_indices, pad_slot_id, out=out
         )
-    u = torch.cat([conv_state[slots].to(torch.float32), x.to(torch.float32)[:, :, None]], 2)
-    acc = tap_sum(u, weight.to(torch.float32))
-    out.copy_(acc + bias.to(torch.float32)[None] if bias is not None else acc)
-    if conv_state.shape[2] > 0:
-        conv_state.index_copy_(0, slots, u[:, :, 1:].to(conv_state.dtype))
-    return out
+
+    return shift_decode_cpu(
+        x, conv_state, conv_state_indices, pad_slot_id, out, window_out, reference, all_live_cpu
+    )

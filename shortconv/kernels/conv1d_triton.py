@@ -217,6 +217,16 @@ def _check_shapes(dim: int, weight: torch.Tensor, states: torch.Tensor) -> int:
     return width
 
 
+def token_sequence_ids(query_start_loc: torch.Tensor, total: int) -> torch.Tensor:
+    """int32 [T]: each packed token's sequence, B for tokens past query_start_loc[-1].
+    Computed on device: repeat_interleave would sync the host for its output size."""
+    return torch.searchsorted(
+        query_start_loc[1:].contiguous(),
+        torch.arange(total, device=query_start_loc.device, dtype=query_start_loc.dtype),
+        right=True,
+    ).to(torch.int32)
+
+
 def write_back_states(
     x: torch.Tensor,
     states: torch.Tensor,
@@ -280,12 +290,7 @@ def causal_conv1d_fn_triton(
     if batch == 0:
         return out.zero_()
     out_k = _kernels()[0]
-    # Per-token sequence id, computed on device (repeat_interleave would sync for its size).
-    seq = torch.searchsorted(
-        query_start_loc[1:].contiguous(),
-        torch.arange(total, device=x.device, dtype=query_start_loc.dtype),
-        right=True,
-    ).to(torch.int32)
+    seq = token_sequence_ids(query_start_loc, total)
     block_d = min(CONV_PREFILL.block_i, triton.next_power_of_2(dim))
     block_t = CONV_PREFILL.block_n
     bias_arg = bias if bias is not None else weight

@@ -100,3 +100,32 @@ def test_ptxas_log_parsing() -> None:
     assert parse_ptxas_log(log) == (32, 38590 + 42880, 8912)
     with pytest.raises(ValueError, match="no register"):
         parse_ptxas_log("garbage")
+
+
+def test_autotune_table_is_off_by_default_and_switches_on(monkeypatch) -> None:  # noqa: ANN001
+    from triton.runtime.autotuner import Autotuner
+
+    from shortconv.kernels import attention_triton, cca_triton, launch_config, moe_triton
+
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+    monkeypatch.delenv(launch_config.AUTOTUNE_ENV, raising=False)
+    cfg = launch_config.CCA_PREFILL[True]
+    assert launch_config.options(cfg, "_cca_kernel") == {"num_warps": 8, "num_stages": 1}
+    assert not isinstance(cca_triton._jitted(False, launch_config.tuning()), Autotuner)
+    monkeypatch.setenv(launch_config.AUTOTUNE_ENV, "1")
+    assert launch_config.tuning() and launch_config.options(cfg, "_cca_kernel") == {}
+    tuned = [
+        cca_triton._jitted(False, True),
+        *attention_triton._jitted(False, True),
+        *moe_triton._jitted(False, True),
+    ]
+    names = [t.fn.fn.__name__ if isinstance(t, Autotuner) else None for t in tuned]
+    assert names == ["_cca_kernel", "decode_kernel", None, "extend_kernel"] + [
+        "_gate_up_kernel",
+        "_down_kernel",
+    ]
+    for t, name in zip(tuned, names, strict=True):
+        if name is not None:
+            want = {(w, s) for w, s in launch_config.AUTOTUNE[name]}
+            assert {(c.num_warps, c.num_stages) for c in t.configs} == want
+    assert tuned[0].restore_value == ["state_ptr"]  # timing runs must not shift the state

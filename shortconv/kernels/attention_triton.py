@@ -21,6 +21,7 @@ import torch
 import triton
 
 from shortconv.kernels import attention_triton_kernels as _k
+from shortconv.kernels import launch_config
 from shortconv.kernels.launch_config import (
     ATTN_DECODE,
     ATTN_EXTEND,
@@ -35,16 +36,20 @@ _MIN_SPLIT_LEN = 256
 _DECODE_BLOCK_N = 64  # NOTE: every ATTN_DECODE entry's block_n (splits round to it)
 
 
-def launch_config(table: dict[tuple[bool, bool], LaunchConfig], q: torch.Tensor) -> LaunchConfig:
+def shape_config(table: dict[tuple[bool, bool], LaunchConfig], q: torch.Tensor) -> LaunchConfig:
     """The table's entry for q's shape class: (bf16/fp16?, head_dim > 64?)."""
     return table[(q.dtype != torch.float32, q.shape[-1] > 64)]
 
 
 @functools.cache
-def _jitted(interpret: bool) -> tuple[object, object, object]:
-    # `interpret` is only the cache key; triton.jit reads the same knob itself.
-    del interpret
-    return tuple(triton.jit(f) for f in (_k.decode_kernel, _k.reduce_kernel, _k.extend_kernel))
+def _jitted(interpret: bool, tune: bool) -> tuple[object, object, object]:
+    # The arguments are only the cache key; triton.jit and launch_config read the same knobs.
+    del interpret, tune
+    return (
+        launch_config.jit(_k.decode_kernel, ("group", "head_dim", "num_splits")),
+        launch_config.jit(_k.reduce_kernel, ()),
+        launch_config.jit(_k.extend_kernel, ("group", "head_dim")),
+    )
 
 
 def _interpreting() -> bool:
@@ -156,13 +161,13 @@ def paged_attention_decode_triton(
     split_len = triton.cdiv(triton.cdiv(max_ctx, num_splits), _DECODE_BLOCK_N) * _DECODE_BLOCK_N
     num_splits = triton.cdiv(max_ctx, split_len)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    decode, reduce, _ = _jitted(_interpreting())
+    decode, reduce, _ = _jitted(_interpreting(), launch_config.tuning())
     direct = num_splits == 1
     parts = (batch, num_heads, 1 if direct else num_splits)
     m = torch.empty(parts, dtype=torch.float32, device=q.device)
     den = torch.empty_like(m)
     acc = torch.empty((*parts, block_d), dtype=torch.float32, device=q.device)
-    cfg = launch_config(ATTN_DECODE, q)
+    cfg = shape_config(ATTN_DECODE, q)
     decode[(batch, num_kv, num_splits)](
         q,
         k_cache,
@@ -186,8 +191,7 @@ def paged_attention_decode_triton(
         BLOCK_N=cfg.block_n,
         DIRECT=direct,
         **_dot_args(q),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **launch_config.options(cfg, "decode_kernel"),
     )
     if not direct:
         reduce[(batch, num_heads)](
@@ -237,10 +241,10 @@ def paged_attention_extend_triton(
     if batch == 0 or q.shape[0] == 0 or max_query_len == 0:
         return out
     num_kv = k_cache.shape[1]
-    cfg = launch_config(ATTN_EXTEND, q)
+    cfg = shape_config(ATTN_EXTEND, q)
     block_g = triton.next_power_of_2(group)
     block_m = max(1, cfg.block_i // block_g)  # block_i: query rows (tokens x group heads)
-    extend = _jitted(_interpreting())[2]
+    extend = _jitted(_interpreting(), launch_config.tuning())[2]
     extend[(batch, num_kv, triton.cdiv(max_query_len, block_m))](
         q,
         k_cache,
@@ -259,7 +263,6 @@ def paged_attention_extend_triton(
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_N=cfg.block_n,
         **_dot_args(q),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **launch_config.options(cfg, "extend_kernel"),
     )
     return out

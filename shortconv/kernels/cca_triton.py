@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from shortconv.kernels import conv1d_triton
+from shortconv.kernels import conv1d_triton, launch_config
 from shortconv.kernels.launch_config import CCA_DECODE, CCA_PREFILL, LaunchConfig
 from shortconv.kernels.outputs import decode_out, out_like
 
@@ -162,16 +162,16 @@ def _cca_kernel(
             tl.store(dst, new.to(state_ptr.dtype.element_ty), mask=wm)
 
 
-def launch_config(decode: bool, low_precision: bool) -> LaunchConfig:
+def shape_config(decode: bool, low_precision: bool) -> LaunchConfig:
     """Tiles and warps for this shape class (`launch_config` module: why these)."""
     return (CCA_DECODE if decode else CCA_PREFILL)[low_precision]
 
 
 @functools.cache
-def _jitted(interpret: bool) -> object:
-    # `interpret` is only the cache key; triton.jit reads the same knob itself.
-    del interpret
-    return triton.jit(_cca_kernel)
+def _jitted(interpret: bool, tune: bool) -> object:
+    # The arguments are only the cache key; triton.jit and launch_config read the same knobs.
+    del interpret, tune
+    return launch_config.jit(_cca_kernel, ("group", "DECODE", "BLOCK_N"), ("state_ptr",))
 
 
 def _check_shapes(
@@ -216,10 +216,10 @@ def _launch(
     kw = (t0 - 1) + (t1 - 1)
     block_g = max(16, triton.next_power_of_2(g))  # tl.dot wants every dimension >= 16
     low = w1.dtype in (torch.bfloat16, torch.float16)
-    cfg = launch_config(decode, low)
+    cfg = shape_config(decode, low)
     grid = (w0.shape[0] // g, triton.cdiv(num_cols, cfg.block_n))
     interpret = bool(triton.knobs.runtime.interpret)
-    _jitted(interpret)[grid](
+    _jitted(interpret, launch_config.tuning())[grid](
         x,
         w0,
         b0 if b0 is not None else w0,
@@ -259,8 +259,7 @@ def _launch(
         BLOCK_K=triton.next_power_of_2(max(kw, 1)),
         LOW_PRECISION=low,
         UPCAST=interpret,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **launch_config.options(cfg, "_cca_kernel"),
     )
 
 

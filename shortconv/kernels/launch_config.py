@@ -12,6 +12,7 @@ the alternatives to time when one is lent (`bench/cuda_compile.py` compiles them
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 AUTOTUNE_ENV = "SHORTCONV_AUTOTUNE"
@@ -86,3 +87,41 @@ MOE_GEMM = LaunchConfig(64, 64, 4, 3)
 # write-back are [64-128 ch x W] tiles, 19-24 registers at 4 warps. No loop to pipeline.
 CONV_PREFILL = LaunchConfig(32, 64, 8, 1)
 CONV_SMALL = LaunchConfig(0, 0, 4, 1)
+
+# The autotune table (SHORTCONV_AUTOTUNE=1, off by default): (num_warps, num_stages) candidates
+# around each choice above, timed per autotune key at first use on a GPU. Block sizes stay as
+# chosen: the grids and the decode split rounding depend on them. Every candidate must also
+# compile without bf16/fp16 spills (check with bench/cuda_compile.py before enabling).
+AUTOTUNE: dict[str, tuple[tuple[int, int], ...]] = {
+    "_cca_kernel": ((4, 1), (8, 1), (8, 2)),
+    "decode_kernel": ((4, 1), (8, 1)),
+    "extend_kernel": ((4, 1), (8, 1), (8, 2)),
+    "_gate_up_kernel": ((4, 3), (8, 3), (4, 4)),
+    "_down_kernel": ((4, 3), (8, 3), (4, 4)),
+}
+
+
+def tuning() -> bool:
+    """Autotune on: SHORTCONV_AUTOTUNE=1 and compiled kernels (the interpreter times nothing)."""
+    import triton
+
+    return autotune_enabled() and not triton.knobs.runtime.interpret
+
+
+def jit(fn: Callable[..., None], key: Sequence[str], restore: Sequence[str] = ()) -> object:
+    """triton.jit(fn), inside triton.autotune over AUTOTUNE[fn's name] when `tuning()`.
+    `restore`: pointer arguments the kernel updates in place (timing runs it many times)."""
+    import triton
+
+    kernel = triton.jit(fn)
+    if not tuning() or fn.__name__ not in AUTOTUNE:
+        return kernel
+    configs = [triton.Config({}, num_warps=w, num_stages=s) for w, s in AUTOTUNE[fn.__name__]]
+    return triton.autotune(configs=configs, key=list(key), restore_value=list(restore))(kernel)
+
+
+def options(cfg: LaunchConfig, kernel: str) -> dict[str, int]:
+    """A launch's num_warps / num_stages: none when the autotuner picks them."""
+    if tuning() and kernel in AUTOTUNE:
+        return {}
+    return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -127,7 +127,7 @@ stage env 20 env_probe
 stage warmup 85 warmup
 # NOTE: dry run only (not a GPU-run stage, so not in the 470 s budget): the CUDA build of every
 # kernel, checked on CPU; fails on a compile failure or a bf16/fp16 spill.
-[ "$DRY" = 1 ] && stage compile 400 "$PY" bench/cuda_compile.py ${COMPILE_ARGS:---summary}
+[ "$DRY" = 1 ] && stage compile 600 "$PY" bench/cuda_compile.py ${COMPILE_ARGS:---summary}
 stage tests 150 gpu_tests
 stage kernels 48 "$PY" bench/kernels.py $DRYFLAG
 stage decode 70 "$PY" bench/decode_step.py $DRYFLAG

@@ -19,7 +19,10 @@
 #
 #   bash bench/gpu_check.sh            # on the GPU machine; results under $OUT (or a temp dir)
 #   bash bench/gpu_check.sh --dry-run  # on CPU: every stage's imports and argument parsing only,
-#                                      # with ray, pydantic, fastapi, prometheus_client hidden
+#                                      # with ray, pydantic, fastapi, prometheus_client hidden,
+#                                      # plus the `compile` stage: every Triton kernel built for
+#                                      # sm_90 at every published shape (bench/cuda_compile.py;
+#                                      # $COMPILE_ARGS replaces its arguments)
 #
 # Runs from the source tree (PYTHONPATH=., no install): nothing on this path imports Ray.
 set -uo pipefail
@@ -122,6 +125,9 @@ echo "# GPU check $(date -u +%FT%TZ)$([ "$DRY" = 1 ] && echo ' (dry run)'), logs
 printf '\n## Stages\n\n' >>"$SUMMARY"
 stage env 20 env_probe
 stage warmup 85 warmup
+# NOTE: dry run only (not a GPU-run stage, so not in the 470 s budget): the CUDA build of every
+# kernel, checked on CPU; fails on a compile failure or a bf16/fp16 spill.
+[ "$DRY" = 1 ] && stage compile 600 "$PY" bench/cuda_compile.py ${COMPILE_ARGS:---summary}
 stage tests 150 gpu_tests
 stage kernels 48 "$PY" bench/kernels.py $DRYFLAG
 stage decode 70 "$PY" bench/decode_step.py $DRYFLAG
@@ -134,6 +140,7 @@ grep '^- \*\*' "$SUMMARY" | tr -d '*'
 echo
 "$PY" bench/gpu_summary.py "$LOGS" "dry_run=$DRY" "tests=${STATUS[tests]}" "kernels=${STATUS[kernels]}" \
   "decode=${STATUS[decode]}" "offline=${STATUS[offline]}"
+[ "$DRY" = 1 ] && [ "${STATUS[compile]}" != ok ] && exit 1
 for s in env warmup tests kernels decode offline; do
   [ "${STATUS[$s]}" = ok ] || exit 1
 done

@@ -75,15 +75,21 @@ def attention_case(
     k_cache = _randn((num_pages * PAGE, s.hk, s.d), device, dtype, seed)
     v_cache = _randn((num_pages * PAGE, s.hk, s.d), device, dtype, seed + 1)
     q = _randn((s.batch, s.hq, s.d), device, dtype, seed + 2)
-    esz = k_cache.element_size()
-    nbytes = (
-        2 * int(seq_lens.sum()) * s.hk * s.d * esz  # K and V of every cached token
-        + 2 * s.batch * s.hq * s.d * esz  # q read, out written
-        + block_tables.numel() * 4
-        + s.batch * 4
-    )
+    nbytes = attention_bytes(s, int(seq_lens.sum()), k_cache.element_size())
     args = (q, k_cache, v_cache, block_tables, seq_lens, 1.0 / math.sqrt(s.d), PAGE)
     return args, nbytes
+
+
+def attention_bytes(s: AttnShape, cached_tokens: int, esz: int) -> int:
+    """The fewest bytes one decode launch moves: K and V of every cached token, q read and out
+    written, the block tables and sequence lengths."""
+    pages = -(-s.context // PAGE)
+    return (
+        2 * cached_tokens * s.hk * s.d * esz
+        + 2 * s.batch * s.hq * s.d * esz
+        + s.batch * pages * 4
+        + s.batch * 4
+    )
 
 
 def attention_oracle(
@@ -119,7 +125,6 @@ def moe_case(
     gate_up = _randn((e, 2 * i, h), device, dtype, seed + 1, 1 / math.sqrt(h))
     down = _randn((e, h, i), device, dtype, seed + 2, 1 / math.sqrt(i))
     esz = x.element_size()
-    per_expert = 3 * h * i * esz
     routes, total = [], 0
     for _ in range(sets):
         ids = torch.stack([torch.randperm(e, generator=g)[: s.k] for _ in range(s.tokens)])
@@ -127,9 +132,18 @@ def moe_case(
             ids[torch.rand(s.tokens, generator=g) < SKIP_FRACTION, -1] = e
         w = torch.rand(s.tokens, s.k, generator=g)
         routes.append((ids.to(device), (w / w.sum(-1, keepdim=True)).to(device)))
-        used = len(set(ids.flatten().tolist()) - {e})
-        total += used * per_expert + 2 * s.tokens * h * esz + ids.numel() * 12
+        total += moe_bytes(s, len(set(ids.flatten().tolist()) - {e}), esz)
     return (x, gate_up, down), routes, total / sets
+
+
+def moe_bytes(s: MoeShape, used_experts: float, esz: int) -> float:
+    """The fewest bytes one fused-MoE launch moves: the weights of the experts used (gate, up,
+    down), x read and out written, ids (int64) and routing weights (fp32) read."""
+    return (
+        used_experts * 3 * s.hidden * s.inter * esz
+        + 2 * s.tokens * s.hidden * esz
+        + (s.tokens * s.k * 12)
+    )
 
 
 def moe_oracle(

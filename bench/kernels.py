@@ -50,6 +50,9 @@ GPU_IMPORTS = (
     "shortconv.kernels.moe_triton",
 )
 ATTN_TARGET = 0.70
+# The GPU run's short-conv sizes: decode (batch, dim) and prefill (seqs, seqlen, dim).
+GPU_UPDATES = [(128, 2048), (1024, 2048), (4096, 2048 + 16), (8192, 4096)]
+GPU_FNS = [(8, 129, 2048 + 16), (64, 1024, 2048), (32, 2048, 4096)]
 Row = tuple[str, str, float, float]  # kernel, shape, bytes/s, seconds
 
 
@@ -82,10 +85,17 @@ def update_case(batch: int, dim: int, width: int, dtype: torch.dtype, device: st
     state = torch.randn(slots, dim, width - 1, generator=g).to(device, dtype)
     w = torch.randn(dim, width, generator=g).to(device, dtype)
     idx = (torch.randperm(batch, generator=g) + 1).to(device)
-    esz = x.element_size()
-    # x read, out written, each row's state read and written, weights read once.
-    nbytes = esz * (2 * batch * dim + 2 * batch * dim * (width - 1) + dim * width)
-    return (x, state, w, None, idx), nbytes
+    return (x, state, w, None, idx), update_bytes(batch, dim, width, x.element_size())
+
+
+def update_bytes(batch: int, dim: int, width: int, esz: int) -> int:
+    """x read, out written, each row's state read and written, weights read once."""
+    return esz * (2 * batch * dim + 2 * batch * dim * (width - 1) + dim * width)
+
+
+def fn_bytes(seqs: int, seqlen: int, dim: int, width: int, esz: int) -> int:
+    """x read, out written, each sequence's state read and written, weights read once."""
+    return esz * (2 * seqs * seqlen * dim + 2 * seqs * dim * (width - 1) + dim * width)
 
 
 def fn_case(seqs: int, seqlen: int, dim: int, width: int, dtype: torch.dtype, device: str):
@@ -98,8 +108,7 @@ def fn_case(seqs: int, seqlen: int, dim: int, width: int, dtype: torch.dtype, de
     qsl = (torch.arange(seqs + 1) * seqlen).to(device, torch.int32)
     idx = (torch.arange(seqs) + 1).to(device)
     init = torch.ones(seqs, dtype=torch.bool, device=device)
-    esz = x.element_size()
-    nbytes = esz * (2 * total * dim + 2 * seqs * dim * (width - 1) + dim * width)
+    nbytes = fn_bytes(seqs, seqlen, dim, width, x.element_size())
     return (x, w, None, state, qsl, idx, init), nbytes
 
 
@@ -187,8 +196,7 @@ def configure(args: argparse.Namespace) -> argparse.Namespace:
         if not torch.cuda.is_available():
             raise SystemExit("kernels.py needs CUDA; use --quick for the CPU smoke run")
         cfg.device, cfg.dtype, reps, cfg.copy_bytes = "cuda", torch.bfloat16, 0, 1 << 30
-        cfg.updates = [(128, 2048), (1024, 2048), (4096, 2048 + 16), (8192, 4096)]
-        cfg.fns = [(8, 129, 2048 + 16), (64, 1024, 2048), (32, 2048, 4096)]
+        cfg.updates, cfg.fns = GPU_UPDATES, GPU_FNS
     cfg.attn, cfg.moe = kc.shapes(args.quick)
     cfg.check_attn, cfg.check_moe = kc.check_shapes(args.quick)
     if args.warmup:  # one call compiles the kernel for the shape; nothing is timed

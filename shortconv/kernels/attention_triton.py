@@ -21,21 +21,35 @@ import torch
 import triton
 
 from shortconv.kernels import attention_triton_kernels as _k
+from shortconv.kernels import launch_config
+from shortconv.kernels.launch_config import (
+    ATTN_DECODE,
+    ATTN_EXTEND,
+    ATTN_REDUCE,
+    LaunchConfig,
+)
 
 _LOG2E = math.log2(math.e)
 # A decode split covers at least this many positions: below it the partials' write and the
 # reduce launch cost more than the extra parallelism buys.
 _MIN_SPLIT_LEN = 256
-_DECODE_BLOCK_N = 64
-_EXTEND_BLOCK_N = 64
-_EXTEND_ROWS = 64  # query rows (tokens x group heads) per extend program
+_DECODE_BLOCK_N = 64  # NOTE: every ATTN_DECODE entry's block_n (splits round to it)
+
+
+def shape_config(table: dict[tuple[bool, bool], LaunchConfig], q: torch.Tensor) -> LaunchConfig:
+    """The table's entry for q's shape class: (bf16/fp16?, head_dim > 64?)."""
+    return table[(q.dtype != torch.float32, q.shape[-1] > 64)]
 
 
 @functools.cache
-def _jitted(interpret: bool) -> tuple[object, object, object]:
-    # `interpret` is only the cache key; triton.jit reads the same knob itself.
-    del interpret
-    return tuple(triton.jit(f) for f in (_k.decode_kernel, _k.reduce_kernel, _k.extend_kernel))
+def _jitted(interpret: bool, tune: bool) -> tuple[object, object, object]:
+    # The arguments are only the cache key; triton.jit and launch_config read the same knobs.
+    del interpret, tune
+    return (
+        launch_config.jit(_k.decode_kernel, ("group", "head_dim", "num_splits")),
+        launch_config.jit(_k.reduce_kernel, ()),
+        launch_config.jit(_k.extend_kernel, ("group", "head_dim")),
+    )
 
 
 def _interpreting() -> bool:
@@ -64,6 +78,24 @@ def _dot_args(q: torch.Tensor) -> dict[str, object]:
     return dict(UPCAST=_interpreting(), PREC="ieee" if q.dtype == torch.float32 else "tf32")
 
 
+def _strides(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    out: torch.Tensor,
+) -> tuple[int, ...]:
+    """The strides both kernels take, in their order: q's token and head, K's and V's row and
+    head, the block table's row, out's token and head (head_dim is contiguous: `_check`)."""
+    return (
+        *q.stride()[:2],
+        *k_cache.stride()[:2],
+        *v_cache.stride()[:2],
+        block_tables.stride(0),
+        *out.stride()[:2],
+    )
+
+
 def _out(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         return torch.empty_like(q)
@@ -79,10 +111,18 @@ def _target_programs(device: torch.device) -> int:
     return 4
 
 
-def decode_splits(batch: int, num_kv: int, max_context: int, device: torch.device) -> int:
-    """Splits per (sequence, KV head): enough programs to fill the device, each split at
-    least `_MIN_SPLIT_LEN` positions. From static shapes only (graph-capturable)."""
-    want = triton.cdiv(_target_programs(device), max(1, batch * num_kv))
+def decode_splits(
+    batch: int,
+    num_kv: int,
+    max_context: int,
+    device: torch.device,
+    programs: int | None = None,
+) -> int:
+    """Splits per (sequence, KV head): enough programs to fill the device (`programs`, by
+    default from the device's SM count), each split at least `_MIN_SPLIT_LEN` positions. From
+    static shapes only (graph-capturable)."""
+    programs = _target_programs(device) if programs is None else programs
+    want = triton.cdiv(programs, max(1, batch * num_kv))
     return max(1, min(want, triton.cdiv(max_context, _MIN_SPLIT_LEN)))
 
 
@@ -121,12 +161,13 @@ def paged_attention_decode_triton(
     split_len = triton.cdiv(triton.cdiv(max_ctx, num_splits), _DECODE_BLOCK_N) * _DECODE_BLOCK_N
     num_splits = triton.cdiv(max_ctx, split_len)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    decode, reduce, _ = _jitted(_interpreting())
+    decode, reduce, _ = _jitted(_interpreting(), launch_config.tuning())
     direct = num_splits == 1
     parts = (batch, num_heads, 1 if direct else num_splits)
     m = torch.empty(parts, dtype=torch.float32, device=q.device)
     den = torch.empty_like(m)
     acc = torch.empty((*parts, block_d), dtype=torch.float32, device=q.device)
+    cfg = shape_config(ATTN_DECODE, q)
     decode[(batch, num_kv, num_splits)](
         q,
         k_cache,
@@ -143,21 +184,14 @@ def paged_attention_decode_triton(
         min_split_len,
         num_splits,
         num_heads,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
+        *_strides(q, k_cache, v_cache, block_tables, out),
         PAGE=page_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d,
-        BLOCK_N=_DECODE_BLOCK_N,
+        BLOCK_N=cfg.block_n,
         DIRECT=direct,
         **_dot_args(q),
+        **launch_config.options(cfg, "decode_kernel"),
     )
     if not direct:
         reduce[(batch, num_heads)](
@@ -170,8 +204,11 @@ def paged_attention_decode_triton(
             head_dim,
             out.stride(0),
             out.stride(1),
-            BLOCK_S=triton.next_power_of_2(num_splits),
+            SPLITS=triton.next_power_of_2(num_splits),
+            BLOCK_S=min(triton.next_power_of_2(num_splits), ATTN_REDUCE.block_n),
             BLOCK_D=block_d,
+            num_warps=ATTN_REDUCE.num_warps,
+            num_stages=ATTN_REDUCE.num_stages,
         )
     return out
 
@@ -204,9 +241,10 @@ def paged_attention_extend_triton(
     if batch == 0 or q.shape[0] == 0 or max_query_len == 0:
         return out
     num_kv = k_cache.shape[1]
+    cfg = shape_config(ATTN_EXTEND, q)
     block_g = triton.next_power_of_2(group)
-    block_m = max(1, _EXTEND_ROWS // block_g)
-    extend = _jitted(_interpreting())[2]
+    block_m = max(1, cfg.block_i // block_g)  # block_i: query rows (tokens x group heads)
+    extend = _jitted(_interpreting(), launch_config.tuning())[2]
     extend[(batch, num_kv, triton.cdiv(max_query_len, block_m))](
         q,
         k_cache,
@@ -218,20 +256,13 @@ def paged_attention_extend_triton(
         scale * _LOG2E,
         group,
         head_dim,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
+        *_strides(q, k_cache, v_cache, block_tables, out),
         PAGE=page_size,
         BLOCK_G=block_g,
         BLOCK_M=block_m,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_N=_EXTEND_BLOCK_N,
+        BLOCK_N=cfg.block_n,
         **_dot_args(q),
+        **launch_config.options(cfg, "extend_kernel"),
     )
     return out

@@ -131,24 +131,38 @@ def reduce_kernel(
     head_dim,
     o_sb,
     o_sh,
+    SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     # One program per (sequence, query head): rescale each split to the global max and sum.
+    # SPLITS (num_splits rounded up to a power of 2) covers every split's m and l at once, a
+    # few registers each; the [splits, d] partial outputs go BLOCK_S splits at a time.
+    # NOTE: a 256-split row loaded whole held 256 x d fp32 values per program (255 registers
+    # and spills at d=128); the chunk bounds what one thread holds, whatever the split count.
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    smask = s < num_splits
-    part = (b * num_heads + h) * num_splits + s
-    m = tl.load(m_ptr + part, mask=smask, other=float("-inf"))
-    den = tl.load(l_ptr + part, mask=smask, other=0.0)
-    acc = tl.load(acc_ptr + part[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0)
+    base = (b * num_heads + h) * num_splits
+    s_all = tl.arange(0, SPLITS)
+    all_mask = s_all < num_splits
+    m_all = tl.load(m_ptr + base + s_all, mask=all_mask, other=float("-inf"))
+    den = tl.load(l_ptr + base + s_all, mask=all_mask, other=0.0)
     # NOTE: split 0 always holds position 0 (seq_lens >= 1), so the max is finite and empty
     # splits (m = -inf) get weight exp2(-inf) = 0.
-    w = tl.exp2(m - tl.reduce(m, 0, _MAX))
-    num = tl.reduce(acc * w[:, None], 0, _SUM)
-    o = num / tl.reduce(den * w, 0, _SUM)
+    m_max = tl.reduce(m_all, 0, _MAX)
+    total = tl.reduce(den * tl.exp2(m_all - m_max), 0, _SUM)
+    num = tl.full([BLOCK_D], 0.0, tl.float32)
+    for s0 in range(0, SPLITS, BLOCK_S):  # constexpr bounds: one pass when SPLITS <= BLOCK_S
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < num_splits
+        m = tl.load(m_ptr + base + s, mask=smask, other=float("-inf"))
+        part = base + s
+        acc = tl.load(
+            acc_ptr + part[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0
+        )
+        num += tl.reduce(acc * tl.exp2(m - m_max)[:, None], 0, _SUM)
+    o = num / total
     dst = out_ptr + b * o_sb + h * o_sh + d
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=d < head_dim)
 

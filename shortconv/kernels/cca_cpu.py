@@ -1,7 +1,7 @@
 """The CPU fast paths for ZAYA1's CCA decode kernels (production code, not oracles).
 
 When every row of a decode step is a live request, the pad-row masking of the reference is
-skipped (see `conv1d_cpu.all_live_cpu`); any other batch runs the reference. The oracles are
+skipped (see `slots.all_live_cpu`); any other batch runs the reference. The oracles are
 `cca_ref.cca_conv_update_ref` and `cca_ref.cca_prev_value_update_ref`, and these paths are
 tested against them.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from shortconv.kernels.cca_ref import _two_stage, cca_conv_update_ref, cca_prev_value_update_ref
-from shortconv.kernels.conv1d_cpu import all_live_cpu
+from shortconv.kernels.decode_cpu import shift_decode_cpu
+from shortconv.kernels.slots import all_live_cpu
 
 
 def cca_conv_update_cpu(
@@ -27,21 +28,18 @@ def cca_conv_update_cpu(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`cca_conv_update_ref`'s contract; all-live CPU batches skip the pad-row masking."""
-    dev = x.device
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=dev)
-    if x.shape[0] == 0:
-        return out
-    slots = cache_indices.to(device=dev, dtype=torch.int64)
-    if not all_live_cpu(slots, pad_slot_id):
+
+    def window_out(u: torch.Tensor) -> torch.Tensor:
+        return _two_stage(u.permute(1, 0, 2), w0, b0, w1, b1).t()
+
+    def reference(out: torch.Tensor) -> torch.Tensor:
         return cca_conv_update_ref(
             x, conv_states, w0, b0, w1, b1, cache_indices, pad_slot_id, out=out
         )
-    u = torch.cat([conv_states[slots].float(), x.float()[:, :, None]], dim=2)
-    out.copy_(_two_stage(u.permute(1, 0, 2), w0, b0, w1, b1).t())
-    if conv_states.shape[2] > 0:
-        conv_states.index_copy_(0, slots, u[:, :, 1:].to(conv_states.dtype))
-    return out
+
+    return shift_decode_cpu(
+        x, conv_states, cache_indices, pad_slot_id, out, window_out, reference, all_live_cpu
+    )
 
 
 def cca_prev_value_update_cpu(

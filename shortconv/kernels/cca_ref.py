@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from shortconv.kernels.conv1d_ref import _scatter_states
+from shortconv.kernels.outputs import decode_out
+from shortconv.kernels.slots import live_slots, scatter_states
 
 
 def _two_stage(
@@ -79,9 +80,7 @@ def cca_conv_fn_ref(
     if batch == 0 or total == 0:
         return out.zero_()
     qsl = query_start_loc.to(device=dev, dtype=torch.int64)
-    slots = cache_indices.to(device=dev, dtype=torch.int64)
-    live = slots != pad_slot_id
-    safe = torch.where(live, slots, torch.zeros_like(slots))
+    slots, live, safe = live_slots(cache_indices, pad_slot_id, dev)
     use_init = live & has_initial_state.to(device=dev, dtype=torch.bool)
 
     # Buffer columns: B blocks of K initial-state columns, then the T packed tokens.
@@ -108,7 +107,7 @@ def cca_conv_fn_ref(
             torch.arange(batch, device=dev)[:, None] * k + j,
             batch * k + qsl[:-1, None] + j - k,
         )
-        _scatter_states(conv_states, slots, live, buf[:, sidx].permute(1, 0, 2))
+        scatter_states(conv_states, slots, live, buf[:, sidx].permute(1, 0, 2))
     return out
 
 
@@ -130,19 +129,15 @@ def cca_conv_update_ref(
     cache_indices int [B]. Returns [B, C] in x's dtype. Pad rows produce zeros and touch no
     state. No host syncs, so it is safe under CUDA graph capture.
     """
-    dev = x.device
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    out = decode_out(x, out)
     if x.shape[0] == 0:
         return out
-    slots = cache_indices.to(device=dev, dtype=torch.int64)
-    live = slots != pad_slot_id
-    safe = torch.where(live, slots, torch.zeros_like(slots))
+    slots, live, safe = live_slots(cache_indices, pad_slot_id, x.device)
     u = torch.cat([conv_states[safe].float(), x.float()[:, :, None]], dim=2)  # [B, C, K+1]
     acc = _two_stage(u.permute(1, 0, 2), w0, b0, w1, b1).t()
     out.copy_(torch.where(live[:, None], acc, torch.zeros_like(acc)))
     if conv_states.shape[2] > 0:
-        _scatter_states(conv_states, slots, live, u[:, :, 1:])
+        scatter_states(conv_states, slots, live, u[:, :, 1:])
     return out
 
 
@@ -170,9 +165,7 @@ def cca_prev_value_fn_ref(
     if batch == 0 or total == 0:
         return torch.zeros_like(v)
     qsl = query_start_loc.to(device=dev, dtype=torch.int64)
-    slots = cache_indices.to(device=dev, dtype=torch.int64)
-    live = slots != pad_slot_id
-    safe = torch.where(live, slots, torch.zeros_like(slots))
+    slots, live, safe = live_slots(cache_indices, pad_slot_id, dev)
     fresh = init_value if init_value is not None else v.new_zeros(dim)
     resumed = has_initial_state.to(device=dev, dtype=torch.bool)[:, None]
     first_val = torch.where(resumed, prev_state[safe].to(v.dtype), fresh.to(v.dtype)[None, :])
@@ -189,7 +182,7 @@ def cca_prev_value_fn_ref(
     last = v[(qsl[1:] - 1).clamp(min=0)]
     # An empty sequence keeps whatever its slot held.
     new = torch.where((lens > 0)[:, None], last.to(prev_state.dtype), prev_state[safe])
-    _scatter_states(prev_state, slots, live, new)
+    scatter_states(prev_state, slots, live, new)
     return res
 
 
@@ -203,9 +196,7 @@ def cca_prev_value_update_ref(
     [B, D] and stores v [B, D] in the slot. Pad rows produce zeros and touch no state."""
     if v.shape[0] == 0:
         return torch.zeros_like(v)
-    slots = cache_indices.to(device=v.device, dtype=torch.int64)
-    live = slots != pad_slot_id
-    safe = torch.where(live, slots, torch.zeros_like(slots))
+    slots, live, safe = live_slots(cache_indices, pad_slot_id, v.device)
     res = torch.where(live[:, None], prev_state[safe].to(v.dtype), torch.zeros_like(v))
-    _scatter_states(prev_state, slots, live, v)
+    scatter_states(prev_state, slots, live, v)
     return res

@@ -21,7 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from shortconv.kernels import conv1d_triton
+from shortconv.kernels import conv1d_triton, launch_config
+from shortconv.kernels.launch_config import CCA_DECODE, CCA_PREFILL, LaunchConfig
+from shortconv.kernels.outputs import decode_out, out_like
 
 
 def _cca_kernel(
@@ -62,6 +64,8 @@ def _cca_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    LOW_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     # Column n is a packed token (extend) or a batch row (decode, which is extend with every
     # row a resumed one-token sequence: position 0, x column n).
@@ -90,9 +94,10 @@ def _cca_kernel(
     omask = o < group
     c_out = head * group + o
     acc = tl.full([BLOCK_G, BLOCK_N], 0.0, tl.float32)
-    # Unrolled over input-channel chunks (BLOCK_G/BLOCK_I <= 8 for g <= 256): a runtime
-    # `range(group)` does not run under the interpreter, and masks cover the tail.
-    for i0 in tl.static_range(0, BLOCK_G, BLOCK_I):
+    # NOTE: a loop (scf.for), not tl.static_range: unrolling all BLOCK_G/BLOCK_I chunks let
+    # the compiler hoist every chunk's loads at once (8.9 KB of spills per thread at g=128).
+    # Its bounds are constexprs, which the interpreter's `range` runs as well.
+    for i0 in range(0, BLOCK_G, BLOCK_I):
         i = i0 + tl.arange(0, BLOCK_I)
         imask = i < group
         ci = head * group + i
@@ -116,9 +121,18 @@ def _cca_kernel(
                 st += tl.load(b0_ptr + ci, mask=imask, other=0.0).to(tl.float32)[:, None]
             w1_off = c_out[:, None] * w1_sc + i[None, :] * w1_si + s * w1_ss
             w1m = omask[:, None] & imask[None, :]
-            w1t = tl.load(w1_ptr + w1_off, mask=w1m, other=0.0).to(tl.float32)
-            # ieee: tf32 would cost ~1e-3 relative error against the fp32 reference.
-            acc = tl.dot(w1t, st, acc, input_precision="ieee")
+            w1t = tl.load(w1_ptr + w1_off, mask=w1m, other=0.0)
+            if LOW_PRECISION:
+                # bf16/fp16: stage 1 rounded to the weights' dtype, then a tensor-core product
+                # with fp32 accumulation (the model's own precision; see cca_conv_fn_triton).
+                st = st.to(w1_ptr.dtype.element_ty)
+                if UPCAST:  # the interpreter's dot cannot take bf16: same values, in fp32
+                    st = st.to(tl.float32)
+                    w1t = w1t.to(tl.float32)
+                acc = tl.dot(w1t, st, acc, input_precision="ieee" if UPCAST else "tf32")
+            else:
+                # ieee: tf32 would cost ~1e-3 relative error against the fp32 reference.
+                acc = tl.dot(w1t.to(tl.float32), st, acc, input_precision="ieee")
     if HAS_B1:
         acc += tl.load(b1_ptr + c_out, mask=omask, other=0.0).to(tl.float32)[:, None]
     acc = tl.where(live[None, :], acc, 0.0)
@@ -132,7 +146,7 @@ def _cca_kernel(
         # before its stores is enough; rows share a slot only when padded, and pad rows skip.
         k = tl.arange(0, BLOCK_K)
         kmask = k < KW
-        for i0 in tl.static_range(0, BLOCK_G, BLOCK_I):
+        for i0 in range(0, BLOCK_G, BLOCK_I):
             ci = head * group + i0 + tl.arange(0, BLOCK_I)
             imask = ci < head * group + group
             m2 = imask[:, None] & live[None, :]
@@ -148,11 +162,16 @@ def _cca_kernel(
             tl.store(dst, new.to(state_ptr.dtype.element_ty), mask=wm)
 
 
+def shape_config(decode: bool, low_precision: bool) -> LaunchConfig:
+    """Tiles and warps for this shape class (`launch_config` module: why these)."""
+    return (CCA_DECODE if decode else CCA_PREFILL)[low_precision]
+
+
 @functools.cache
-def _jitted(interpret: bool) -> object:
-    # `interpret` is only the cache key; triton.jit reads the same knob itself.
-    del interpret
-    return triton.jit(_cca_kernel)
+def _jitted(interpret: bool, tune: bool) -> object:
+    # The arguments are only the cache key; triton.jit and launch_config read the same knobs.
+    del interpret, tune
+    return launch_config.jit(_cca_kernel, ("group", "DECODE", "BLOCK_N"), ("state_ptr",))
 
 
 def _check_shapes(
@@ -196,8 +215,11 @@ def _launch(
     t0, t1, g = _check_shapes(w0.shape[0], w0, w1, states)
     kw = (t0 - 1) + (t1 - 1)
     block_g = max(16, triton.next_power_of_2(g))  # tl.dot wants every dimension >= 16
-    grid = (w0.shape[0] // g, triton.cdiv(num_cols, 16 if decode else 32))
-    _jitted(bool(triton.knobs.runtime.interpret))[grid](
+    low = w1.dtype in (torch.bfloat16, torch.float16)
+    cfg = shape_config(decode, low)
+    grid = (w0.shape[0] // g, triton.cdiv(num_cols, cfg.block_n))
+    interpret = bool(triton.knobs.runtime.interpret)
+    _jitted(interpret, launch_config.tuning())[grid](
         x,
         w0,
         b0 if b0 is not None else w0,
@@ -232,9 +254,12 @@ def _launch(
         HAS_B1=b1 is not None,
         DECODE=decode,
         BLOCK_G=block_g,
-        BLOCK_I=min(block_g, 32),
-        BLOCK_N=16 if decode else 32,
+        BLOCK_I=min(block_g, cfg.block_i),
+        BLOCK_N=cfg.block_n,
         BLOCK_K=triton.next_power_of_2(max(kw, 1)),
+        LOW_PRECISION=low,
+        UPCAST=interpret,
+        **launch_config.options(cfg, "_cca_kernel"),
     )
 
 
@@ -265,16 +290,11 @@ def cca_conv_fn_triton(
     chans, total = x.shape
     batch = cache_indices.numel()
     if out is None:
-        out = conv1d_triton._out_like(x, chans, total)
+        out = out_like(x, chans, total)
     if batch == 0 or total == 0:
         _check_shapes(chans, w0, w1, conv_states)
         return out.zero_()
-    # Per-token sequence id on device (repeat_interleave would sync for its size).
-    seq = torch.searchsorted(
-        query_start_loc[1:].contiguous(),
-        torch.arange(total, device=x.device, dtype=query_start_loc.dtype),
-        right=True,
-    ).to(torch.int32)
+    seq = conv1d_triton.token_sequence_ids(query_start_loc, total)
     _launch(
         x,
         x.stride(0),
@@ -295,29 +315,11 @@ def cca_conv_fn_triton(
         total,
         decode=False,
     )
-    k = conv_states.shape[2]
-    if k > 0:
+    if conv_states.shape[2] > 0:
         # A separate launch on the same stream: every token tile has read its sequence's
-        # initial state before any slot is overwritten. The write-back is the plain short-conv
-        # one with window K+1 (new column j = u[len + j]), so that kernel is reused.
-        state_k = conv1d_triton._kernels()[1]
-        block_d = min(64, triton.next_power_of_2(chans))
-        state_k[(triton.cdiv(chans, block_d), batch)](
-            x,
-            conv_states,
-            query_start_loc,
-            cache_indices,
-            has_initial_state,
-            chans,
-            pad_slot_id,
-            x.stride(0),
-            x.stride(1),
-            conv_states.stride(0),
-            conv_states.stride(1),
-            conv_states.stride(2),
-            WIDTH=k + 1,
-            BLOCK_D=block_d,
-            BLOCK_K=triton.next_power_of_2(k),
+        # initial state before any slot is overwritten (new column j = u[len + j]).
+        conv1d_triton.write_back_states(
+            x, conv_states, query_start_loc, cache_indices, has_initial_state, pad_slot_id
         )
     return out
 
@@ -342,8 +344,7 @@ def cca_conv_update_triton(
     syncs: safe under CUDA graph capture.
     """
     batch, chans = x.shape
-    if out is None:
-        out = torch.empty(batch, chans, dtype=x.dtype, device=x.device)
+    out = decode_out(x, out)
     _check_shapes(chans, w0, w1, conv_states)
     if batch == 0:
         return out

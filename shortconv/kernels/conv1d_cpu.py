@@ -1,7 +1,7 @@
 """The CPU fast path for the decode short conv (production code, not an oracle).
 
 When every row of a decode step is a live request, the pad-row masking of the reference is
-skipped (see `all_live_cpu`); any other batch runs the reference. The oracle is
+skipped (see `slots.all_live_cpu`); any other batch runs the reference. The oracle is
 `conv1d_ref.causal_conv1d_update_ref`, and this path is tested against it.
 """
 
@@ -10,17 +10,8 @@ from __future__ import annotations
 import torch
 
 from shortconv.kernels.conv1d_ref import causal_conv1d_update_ref, tap_sum
-
-
-def all_live_cpu(slots: torch.Tensor, pad_slot_id: int) -> bool:
-    """True when every row is a live request (slot > 0: neither scratch nor pad) on CPU.
-
-    NOTE: on CPU a host read is no device sync and nothing is being captured, so the decode
-    kernels check this once and skip the pad-row masking (a dozen ops per layer, a tenth of a
-    small model's decode step). Live rows of one step never share a slot, so a plain
-    index_copy_ is then deterministic.
-    """
-    return slots.device.type == "cpu" and pad_slot_id <= 0 and bool((slots > 0).all())
+from shortconv.kernels.decode_cpu import shift_decode_cpu
+from shortconv.kernels.slots import all_live_cpu
 
 
 def causal_conv1d_update_cpu(
@@ -34,19 +25,16 @@ def causal_conv1d_update_cpu(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`causal_conv1d_update_ref`'s contract; all-live CPU batches skip the pad-row masking."""
-    dev = x.device
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=dev)
-    if x.shape[0] == 0:
-        return out
-    slots = conv_state_indices.to(device=dev, dtype=torch.int64)
-    if not all_live_cpu(slots, pad_slot_id):
+
+    def window_out(u: torch.Tensor) -> torch.Tensor:
+        acc = tap_sum(u, weight.to(torch.float32))
+        return acc + bias.to(torch.float32)[None] if bias is not None else acc
+
+    def reference(out: torch.Tensor) -> torch.Tensor:
         return causal_conv1d_update_ref(
             x, conv_state, weight, bias, conv_state_indices, pad_slot_id, out=out
         )
-    u = torch.cat([conv_state[slots].to(torch.float32), x.to(torch.float32)[:, :, None]], 2)
-    acc = tap_sum(u, weight.to(torch.float32))
-    out.copy_(acc + bias.to(torch.float32)[None] if bias is not None else acc)
-    if conv_state.shape[2] > 0:
-        conv_state.index_copy_(0, slots, u[:, :, 1:].to(conv_state.dtype))
-    return out
+
+    return shift_decode_cpu(
+        x, conv_state, conv_state_indices, pad_slot_id, out, window_out, reference, all_live_cpu
+    )

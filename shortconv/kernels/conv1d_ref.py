@@ -11,34 +11,8 @@ from __future__ import annotations
 
 import torch
 
-
-def _out_like(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """An output [rows, cols] in the same major order as x (token-major views stay token-major)."""
-    if x.dim() == 2 and x.stride(0) == 1 and x.stride(1) != 1:
-        return torch.empty(cols, rows, dtype=x.dtype, device=x.device).t()
-    return torch.empty(rows, cols, dtype=x.dtype, device=x.device)
-
-
-def _scatter_states(
-    conv_states: torch.Tensor,
-    slots: torch.Tensor,
-    live: torch.Tensor,
-    new_states: torch.Tensor,
-) -> None:
-    """conv_states[slots[b]] = new_states[b] for live rows only, without a host sync.
-
-    Boolean-mask indexing would sync (data-dependent size), so every row writes somewhere:
-    a pad row is redirected to the first live row's slot with that row's value, so duplicate
-    indices always carry identical data and the result is order-independent. When no row is
-    live, all rows rewrite slot 0 with its own current content, which is a no-op.
-    """
-    first_live = torch.argmax(live.to(torch.int32))
-    any_live = live.any()
-    rows = torch.arange(slots.numel(), device=slots.device)
-    src_row = torch.where(live, rows, first_live)
-    target = torch.where(any_live, slots[src_row], torch.zeros_like(slots))
-    src = torch.where(any_live, new_states[src_row].to(conv_states.dtype), conv_states[target])
-    conv_states.index_copy_(0, target.to(torch.int64), src)
+from shortconv.kernels.outputs import decode_out, out_like
+from shortconv.kernels.slots import live_slots, scatter_states
 
 
 def tap_sum(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -78,13 +52,11 @@ def causal_conv1d_fn_ref(
     batch = cache_indices.numel()
     dev = x.device
     if out is None:
-        out = _out_like(x, dim, total)
+        out = out_like(x, dim, total)
     if batch == 0:
         return out.zero_()
     qsl = query_start_loc.to(device=dev, dtype=torch.int64)
-    slots = cache_indices.to(device=dev, dtype=torch.int64)
-    live = slots != pad_slot_id
-    safe_slots = torch.where(live, slots, torch.zeros_like(slots))
+    slots, live, safe_slots = live_slots(cache_indices, pad_slot_id, dev)
     use_init = live & has_initial_state.to(device=dev, dtype=torch.bool)
 
     # Buffer columns: B blocks of W-1 initial-state columns, then the T packed tokens.
@@ -121,7 +93,7 @@ def causal_conv1d_fn_ref(
             batch * wm1 + qsl[:-1, None] + k - wm1,
         )
         new_states = buf[:, sidx].permute(1, 0, 2)  # [B, dim, W-1]
-        _scatter_states(conv_states, slots, live, new_states)
+        scatter_states(conv_states, slots, live, new_states)
     return out
 
 
@@ -141,14 +113,10 @@ def causal_conv1d_update_ref(
     conv_state_indices int [B]. Returns out [B, dim] in x's dtype. Pad rows produce zeros and
     touch no state. No host syncs, so it is safe under CUDA graph capture.
     """
-    dev = x.device
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    out = decode_out(x, out)
     if x.shape[0] == 0:
         return out
-    slots = conv_state_indices.to(device=dev, dtype=torch.int64)
-    live = slots != pad_slot_id
-    safe_slots = torch.where(live, slots, torch.zeros_like(slots))
+    slots, live, safe_slots = live_slots(conv_state_indices, pad_slot_id, x.device)
     state = conv_state[safe_slots].to(torch.float32)  # [B, dim, W-1]
     u = torch.cat([state, x.to(torch.float32)[:, :, None]], dim=2)  # [B, dim, W]
     acc = tap_sum(u, weight.to(torch.float32))
@@ -157,5 +125,5 @@ def causal_conv1d_update_ref(
     acc = torch.where(live[:, None], acc, torch.zeros_like(acc))
     out.copy_(acc)
     if conv_state.shape[2] > 0:
-        _scatter_states(conv_state, slots, live, u[:, :, 1:])
+        scatter_states(conv_state, slots, live, u[:, :, 1:])
     return out

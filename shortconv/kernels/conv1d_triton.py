@@ -19,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from shortconv.kernels.launch_config import CONV_PREFILL, CONV_SMALL
+from shortconv.kernels.outputs import decode_out, out_like
+
 
 def _fn_out_kernel(
     x_ptr,
@@ -214,11 +217,49 @@ def _check_shapes(dim: int, weight: torch.Tensor, states: torch.Tensor) -> int:
     return width
 
 
-def _out_like(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    # Keep a token-major input token-major, so the stores coalesce and out.t() is free.
-    if x.stride(0) == 1 and x.stride(1) != 1:
-        return torch.empty(cols, rows, dtype=x.dtype, device=x.device).t()
-    return torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+def token_sequence_ids(query_start_loc: torch.Tensor, total: int) -> torch.Tensor:
+    """int32 [T]: each packed token's sequence, B for tokens past query_start_loc[-1].
+    Computed on device: repeat_interleave would sync the host for its output size."""
+    return torch.searchsorted(
+        query_start_loc[1:].contiguous(),
+        torch.arange(total, device=query_start_loc.device, dtype=query_start_loc.dtype),
+        right=True,
+    ).to(torch.int32)
+
+
+def write_back_states(
+    x: torch.Tensor,
+    states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    pad_slot_id: int,
+) -> None:
+    """Each live sequence's slot <- the last K raw columns of [its state ‖ its tokens], for
+    x [C, T] and states [n_slots, C, K] (K >= 1): the state update of a varlen conv of window
+    K + 1 (the short conv's, and the CCA conv's). NOTE: launch it after the kernel that reads
+    the initial states, on the same stream."""
+    chans, k = states.shape[1:]
+    block_d = min(CONV_PREFILL.block_i, triton.next_power_of_2(chans))
+    _kernels()[1][(triton.cdiv(chans, block_d), cache_indices.numel())](
+        x,
+        states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        chans,
+        pad_slot_id,
+        x.stride(0),
+        x.stride(1),
+        states.stride(0),
+        states.stride(1),
+        states.stride(2),
+        WIDTH=k + 1,
+        BLOCK_D=block_d,
+        BLOCK_K=triton.next_power_of_2(k),
+        num_warps=CONV_SMALL.num_warps,
+        num_stages=CONV_SMALL.num_stages,
+    )
 
 
 def causal_conv1d_fn_triton(
@@ -245,19 +286,13 @@ def causal_conv1d_fn_triton(
     width = _check_shapes(dim, weight, conv_states)
     batch = cache_indices.numel()
     if out is None:
-        out = _out_like(x, dim, total)
+        out = out_like(x, dim, total)
     if batch == 0:
         return out.zero_()
-    out_k, state_k, _ = _kernels()
-    # Per-token sequence id, computed on device (repeat_interleave would sync for its size).
-    seq = torch.searchsorted(
-        query_start_loc[1:].contiguous(),
-        torch.arange(total, device=x.device, dtype=query_start_loc.dtype),
-        right=True,
-    ).to(torch.int32)
-    block_d = min(64, triton.next_power_of_2(dim))
-    block_t = 32
-    block_k = triton.next_power_of_2(width - 1)
+    out_k = _kernels()[0]
+    seq = token_sequence_ids(query_start_loc, total)
+    block_d = min(CONV_PREFILL.block_i, triton.next_power_of_2(dim))
+    block_t = CONV_PREFILL.block_n
     bias_arg = bias if bias is not None else weight
     grid = (triton.cdiv(dim, block_d), triton.cdiv(total, block_t))
     if total > 0:
@@ -288,23 +323,11 @@ def causal_conv1d_fn_triton(
             HAS_BIAS=bias is not None,
             BLOCK_D=block_d,
             BLOCK_T=block_t,
+            num_warps=CONV_PREFILL.num_warps,
+            num_stages=CONV_PREFILL.num_stages,
         )
-    state_k[(triton.cdiv(dim, block_d), batch)](
-        x,
-        conv_states,
-        query_start_loc,
-        cache_indices,
-        has_initial_state,
-        dim,
-        pad_slot_id,
-        x.stride(0),
-        x.stride(1),
-        conv_states.stride(0),
-        conv_states.stride(1),
-        conv_states.stride(2),
-        WIDTH=width,
-        BLOCK_D=block_d,
-        BLOCK_K=block_k,
+    write_back_states(
+        x, conv_states, query_start_loc, cache_indices, has_initial_state, pad_slot_id
     )
     return out
 
@@ -328,8 +351,7 @@ def causal_conv1d_update_triton(
     """
     batch, dim = x.shape
     width = _check_shapes(dim, weight, conv_state)
-    if out is None:
-        out = torch.empty(batch, dim, dtype=x.dtype, device=x.device)
+    out = decode_out(x, out)
     if batch == 0:
         return out
     _, _, update_k = _kernels()
@@ -358,5 +380,7 @@ def causal_conv1d_update_triton(
         HAS_BIAS=bias is not None,
         BLOCK_D=block_d,
         BLOCK_K=block_k,
+        num_warps=CONV_SMALL.num_warps,
+        num_stages=CONV_SMALL.num_stages,
     )
     return out

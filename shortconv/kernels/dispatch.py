@@ -10,11 +10,13 @@ one, and the `*_ref` oracle otherwise (and on any other device).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import warnings
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -99,125 +101,39 @@ def _pick(
     return cpu if cpu is not None and device.type == "cpu" else ref
 
 
-def causal_conv1d_fn(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    conv_states: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    cache_indices: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    pad_slot_id: int = -1,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Varlen (prefill) short conv; see `conv1d_ref.causal_conv1d_fn_ref` for the contract.
+def _entry(
+    name: str,
+    ref: Callable[..., torch.Tensor],
+    module: str,
+    cpu: Callable[..., torch.Tensor] | None = None,
+) -> Callable[..., torch.Tensor]:
+    """The public entry point `name`: `ref`'s signature and contract (its docstring), running
+    `_pick`'s choice for the device of the first argument (the input tensor x).
 
-    x [dim, T], weight [dim, W], bias [dim] | None, conv_states [n_slots, dim, W-1] (updated in
-    place), query_start_loc int [B+1], cache_indices int [B], has_initial_state bool [B]
-    -> out [dim, T]. Pad rows get zero outputs and keep their state.
+    NOTE: every backend of an entry takes the same arguments as its `*_ref` oracle, so one
+    forwarding body serves them all; the Triton function is looked up on its module at call
+    time (`name` + "_triton"), so tests can count or replace it there.
     """
-    fn = _pick(x.device, "causal_conv1d_fn_triton", causal_conv1d_fn_ref)
-    return fn(
-        x,
-        weight,
-        bias,
-        conv_states,
-        query_start_loc,
-        cache_indices,
-        has_initial_state,
-        pad_slot_id,
-        out=out,
-    )
+
+    @functools.wraps(ref)
+    def entry(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return _pick(x.device, f"{name}_triton", ref, module, cpu)(x, *args, **kwargs)
+
+    entry.__name__ = entry.__qualname__ = name
+    return entry
 
 
-def causal_conv1d_update(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    conv_state_indices: torch.Tensor,
-    pad_slot_id: int = -1,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Decode short conv, one token per row; see `conv1d_ref.causal_conv1d_update_ref`.
-
-    x [B, dim], conv_state [n_slots, dim, W-1] (shifted in place), weight [dim, W],
-    bias [dim] | None, conv_state_indices int [B] -> out [B, dim]. Pad rows get zero outputs
-    and keep their state.
-    """
-    fn = _pick(
-        x.device,
-        "causal_conv1d_update_triton",
-        causal_conv1d_update_ref,
-        cpu=causal_conv1d_update_cpu,
-    )
-    return fn(x, conv_state, weight, bias, conv_state_indices, pad_slot_id, out=out)
-
-
-def cca_conv_fn(
-    x: torch.Tensor,
-    w0: torch.Tensor,
-    b0: torch.Tensor | None,
-    w1: torch.Tensor,
-    b1: torch.Tensor | None,
-    conv_states: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    cache_indices: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    pad_slot_id: int = -1,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Varlen two-stage CCA conv (ZAYA1 prefill); see `cca_ref.cca_conv_fn_ref`.
-
-    x [C, T] raw q‖k, w0 [C, t0], b0 [C] | None, w1 [C, g, t1], b1 [C] | None,
-    conv_states [n_slots, C, (t0-1)+(t1-1)] (updated in place), query_start_loc int [B+1],
-    cache_indices int [B], has_initial_state bool [B] -> out [C, T]. Pad rows get zero
-    outputs and keep their state.
-    """
-    fn = _pick(x.device, "cca_conv_fn_triton", cca_conv_fn_ref, "cca_triton")
-    return fn(
-        x,
-        w0,
-        b0,
-        w1,
-        b1,
-        conv_states,
-        query_start_loc,
-        cache_indices,
-        has_initial_state,
-        pad_slot_id,
-        out=out,
-    )
-
-
-def cca_conv_update(
-    x: torch.Tensor,
-    conv_states: torch.Tensor,
-    w0: torch.Tensor,
-    b0: torch.Tensor | None,
-    w1: torch.Tensor,
-    b1: torch.Tensor | None,
-    cache_indices: torch.Tensor,
-    pad_slot_id: int = -1,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Decode two-stage CCA conv, one token per row; see `cca_ref.cca_conv_update_ref`.
-
-    x [B, C], conv_states [n_slots, C, K] (shifted in place), weights as in `cca_conv_fn`,
-    cache_indices int [B] -> out [B, C]. Pad rows get zero outputs and keep their state.
-    """
-    fn = _pick(
-        x.device,
-        "cca_conv_update_triton",
-        cca_conv_update_ref,
-        "cca_triton",
-        cpu=cca_conv_update_cpu,
-    )
-    return fn(x, conv_states, w0, b0, w1, b1, cache_indices, pad_slot_id, out=out)
+# Varlen (prefill) and decode short conv, two-stage CCA conv (ZAYA1) and routed experts; see
+# each `*_ref` for the contract (shapes, in-place state updates, pad rows).
+causal_conv1d_fn = _entry("causal_conv1d_fn", causal_conv1d_fn_ref, "conv1d_triton")
+causal_conv1d_update = _entry(
+    "causal_conv1d_update", causal_conv1d_update_ref, "conv1d_triton", causal_conv1d_update_cpu
+)
+cca_conv_fn = _entry("cca_conv_fn", cca_conv_fn_ref, "cca_triton")
+cca_conv_update = _entry("cca_conv_update", cca_conv_update_ref, "cca_triton", cca_conv_update_cpu)
+# The Triton path has static shapes and no host sync (CUDA-graph safe); the torch reference
+# syncs. No tensor-parallel all-reduce.
+fused_moe = _entry("fused_moe", fused_moe_ref, "moe_triton")
 
 
 # NOTE: ZAYA1's previous-token value is a gather plus a row scatter with no arithmetic, which
@@ -241,30 +157,6 @@ def cca_prev_value_update(
     """
     fn = cca_prev_value_update_cpu if v.device.type == "cpu" else cca_prev_value_update_ref
     return fn(v, prev_state, cache_indices, pad_slot_id)
-
-
-def fused_moe(
-    x: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
-    activation: str,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Routed experts (SwiGLU-style); see `moe_ref.fused_moe_ref` for the contract.
-
-    x [T, H], gate_up [E, 2I, H] (gate ‖ up), down [E, H, I], ids int [T, k] (E = skip route),
-    weights [T, k], activation in {"silu", "gelu", "gelu_tanh", "relu"} -> out [T, H] in x's
-    dtype. The Triton path has static shapes and no host sync (CUDA-graph safe); the torch
-    reference syncs. No tensor-parallel all-reduce.
-    """
-    fn = _pick(x.device, "fused_moe_triton", fused_moe_ref, "moe_triton")
-    if fn is fused_moe_ref:
-        result = fused_moe_ref(x, gate_up, down, ids, weights, activation)
-        return result if out is None else out.copy_(result)
-    return fn(x, gate_up, down, ids, weights, activation, out=out)
 
 
 def paged_attention(

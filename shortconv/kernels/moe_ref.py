@@ -58,21 +58,23 @@ def fused_moe_ref(
     ids: torch.Tensor,
     weights: torch.Tensor,
     activation: str,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mixture of the chosen experts, one expert at a time (syncs the host; an oracle).
 
     x [T, H], gate_up [E, 2I, H], down [E, H, I], ids int [T, k] (E = skip route),
-    weights [T, k] any float dtype, activation in ACTIVATIONS -> out [T, H] in x's dtype.
-    No tensor-parallel all-reduce (the caller does it).
+    weights [T, k] any float dtype, activation in ACTIVATIONS -> out [T, H] in x's dtype
+    (copied into `out` when given). No tensor-parallel all-reduce (the caller does it).
     """
     check_moe_shapes(x, gate_up, down, ids, weights, activation)
     act = ACTIVATIONS[activation]
-    out = torch.zeros_like(x)
+    result = torch.zeros_like(x)
     for e in range(gate_up.shape[0]):
         toks, slots = (ids == e).nonzero(as_tuple=True)
         if toks.numel() == 0:
             continue
         gate, up = (x[toks] @ gate_up[e].t()).chunk(2, dim=-1)
         y = (act(gate) * up) @ down[e].t()
-        out.index_add_(0, toks, y * weights[toks, slots, None].to(x.dtype))
-    return out
+        result.index_add_(0, toks, y * weights[toks, slots, None].to(x.dtype))
+    return result if out is None else out.copy_(result)

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from shortconv.kernels import launch_config
+from shortconv.kernels.launch_config import MOE_GEMM
 from shortconv.kernels.moe_align import MoeAlignment, align_routes
 from shortconv.kernels.moe_ref import check_moe_shapes
 
@@ -156,14 +158,15 @@ def _down_kernel(
 
 
 @functools.cache
-def _jitted(interpret: bool) -> tuple[object, object]:
-    # `interpret` is only the cache key; triton.jit reads the same knob itself.
-    del interpret
-    return triton.jit(_gate_up_kernel), triton.jit(_down_kernel)
+def _jitted(interpret: bool, tune: bool) -> tuple[object, object]:
+    # The arguments are only the cache key; triton.jit and launch_config read the same knobs.
+    del interpret, tune
+    key = ("HIDDEN", "INTER", "BLOCK_M")
+    return launch_config.jit(_gate_up_kernel, key), launch_config.jit(_down_kernel, key)
 
 
 def _kernels() -> tuple[object, object]:
-    return _jitted(bool(triton.knobs.runtime.interpret))
+    return _jitted(bool(triton.knobs.runtime.interpret), launch_config.tuning())
 
 
 def block_m_for(num_routes: int, num_experts: int) -> int:
@@ -256,6 +259,7 @@ def _grouped_gemms(
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
+        **launch_config.options(MOE_GEMM, "_gate_up_kernel"),
     )
     # Zeroed: skip routes (and zero-weight ones) are written by no block.
     routed = torch.zeros(num_routes, hidden, dtype=x.dtype, device=x.device)
@@ -284,5 +288,6 @@ def _grouped_gemms(
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
+        **launch_config.options(MOE_GEMM, "_down_kernel"),
     )
     return routed

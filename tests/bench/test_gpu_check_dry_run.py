@@ -23,6 +23,7 @@ def test_dry_run_every_stage_reports(tmp_path: Path) -> None:
     if shutil.which("bash") is None or shutil.which("timeout") is None:
         pytest.skip("needs bash and coreutils timeout")
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    env["COMPILE_ARGS"] = "--quick --families short_conv"  # the full sweep takes many minutes
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"],
@@ -40,6 +41,7 @@ def test_dry_run_every_stage_reports(tmp_path: Path) -> None:
     for stage in ("env", "tests", "kernels", "decode", "offline"):
         assert f"DRYRUN {stage} ok" in summary, (stage, summary)
     assert summary.count("DRYRUN") >= 7, summary  # the warm-up's kernels and decode too
+    assert "- **compile**: ok in" in summary and "SUMMARY cuda_compile" in summary, summary
     env_log = (tmp_path / "env.log").read_text()
     assert "ray absent" in env_log and "pydantic absent" in env_log, env_log
     assert "plain runner" in (tmp_path / "tests.log").read_text()  # the no-pytest path too

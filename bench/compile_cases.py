@@ -1,0 +1,246 @@
+"""The launch configurations the engine uses for each published model shape, as wrapper calls on
+`meta` tensors (for bench/cuda_compile.py's sm_90 compile sweep).
+
+A model shape is one rank of a published checkpoint (tests/published_configs.py) at one
+tensor-parallel size: the per-rank widths the layers hand the kernels. A kernel family turns a
+rank shape and a dtype into calls of its real wrapper, one per launch configuration the engine
+uses: decode batch buckets (`graph_batch_sizes`), the prefill chunk (`max_num_batched_tokens`),
+the decode context of the default KV budget and of the model's full length.
+
+To add a kernel: write `def my_kernel(rank: RankShape, dtype, quick) -> Iterator[Launch]` that
+yields nothing for ranks without that layer, and add it to `FAMILIES`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# NOTE: found wherever it sits under tests/ (test files are being sorted into folders).
+_CONFIGS = next((Path(__file__).resolve().parents[1] / "tests").rglob("published_configs.py"))
+sys.path.insert(0, str(_CONFIGS.parent))
+import published_configs as pc  # noqa: E402
+
+META = torch.device("meta")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32)  # EngineConfig.graph_batch_sizes
+PREFILL_TOKENS = 512  # EngineConfig.max_num_batched_tokens: one prefill chunk
+PREFILL_SEQS = 4  # sequences packed into that chunk
+MAX_NUM_SEQS = 32
+PAGE = 16
+KV_BYTES = 1 << 30  # EngineConfig.kv_cache_bytes per rank
+H200_SMS = 132
+MODELS: dict[str, dict[str, Any]] = {
+    "LFM2-350M": pc.LFM2_350M,
+    "LFM2-1.2B": pc.LFM2_1_2B,
+    "LFM2-2.6B": pc.LFM2_2_6B,
+    "LFM2-8B-A1B": pc.LFM2_8B_A1B,
+    "ZAYA1-8B": pc.ZAYA1_8B,
+}
+# tp sizes each model supports (tests/test_published_shapes.py; LFM2-350M also at 16).
+TP_SIZES: dict[str, tuple[int, ...]] = {m: (1, 2, 4, 8) for m in MODELS} | {
+    "LFM2-350M": (1, 2, 4, 8, 16)
+}
+
+
+@dataclass(frozen=True)
+class RankShape:
+    """What one rank's layers hand the kernels. conv_dim 0: no short conv; cca_chans 0: no CCA;
+    experts 0: no routed experts."""
+
+    model: str
+    tp: int
+    hq: int
+    hk: int
+    head_dim: int
+    n_attn: int
+    max_len: int
+    conv_dim: int = 0
+    conv_width: int = 0
+    cca_chans: int = 0
+    cca_t0: int = 0
+    cca_t1: int = 0
+    experts: int = 0
+    hidden: int = 0
+    inter: int = 0
+    top_k: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} tp{self.tp}"
+
+    def contexts(self) -> tuple[int, ...]:
+        """Decode context widths: the default KV budget's per-sequence cap, and full length."""
+        page_bytes = 2 * self.n_attn * PAGE * self.hk * self.head_dim * 2  # K and V, bf16
+        capped = (KV_BYTES // page_bytes) * PAGE // MAX_NUM_SEQS // PAGE * PAGE
+        return tuple(sorted({min(capped, self.max_len), self.max_len}))
+
+
+def rank_shape(model: str, tp: int) -> RankShape:
+    raw = MODELS[model]
+    nh, nk, h = raw["num_attention_heads"], raw["num_key_value_heads"], raw["hidden_size"]
+    d = raw.get("head_dim", h // nh)
+    hq, hk = nh // tp, max(1, nk // tp)
+    common = dict(model=model, tp=tp, hq=hq, hk=hk, head_dim=d)
+    if raw["model_type"] == "zaya":
+        return RankShape(
+            **common,
+            n_attn=raw["num_hidden_layers"],
+            max_len=raw["max_position_embeddings"],
+            cca_chans=(hq + hk) * d,  # this rank's query heads and KV heads, raw q‖k
+            cca_t0=raw["cca_time0"],
+            cca_t1=raw["cca_time1"],
+            experts=raw["num_experts"],
+            hidden=h,
+            inter=raw["moe_intermediate_size"] // tp,
+            top_k=raw["num_experts_per_tok"],
+        )
+    moe = raw["model_type"] == "lfm2_moe"
+    return RankShape(
+        **common,
+        n_attn=raw["layer_types"].count("full_attention"),
+        max_len=raw["max_position_embeddings"],
+        conv_dim=h // tp,
+        conv_width=raw["conv_L_cache"],
+        experts=raw["num_experts"] if moe else 0,
+        hidden=h,
+        inter=raw["moe_intermediate_size"] // tp if moe else 0,
+        top_k=raw["num_experts_per_tok"] if moe else 0,
+    )
+
+
+def rank_shapes(models: tuple[str, ...] = tuple(MODELS)) -> list[RankShape]:
+    return [rank_shape(m, tp) for m in models for tp in TP_SIZES[m]]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One wrapper call at one launch configuration."""
+
+    shape: str
+    call: Callable[[], object]
+
+
+def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=META)
+
+
+def _varlen(batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """query_start_loc int32 [B+1], cache_indices int64 [B], has_initial_state bool [B]."""
+    return (
+        _t(batch + 1, dtype=torch.int32),
+        _t(batch, dtype=torch.int64),
+        _t(batch, dtype=torch.bool),
+    )
+
+
+def _batches(quick: bool) -> tuple[int, ...]:
+    return (DECODE_BATCHES[-1],) if quick else DECODE_BATCHES
+
+
+def short_conv(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
+    from shortconv.kernels import conv1d_triton as k
+
+    if not rank.conv_dim:
+        return
+    dim, w = rank.conv_dim, rank.conv_width
+    weight, states = _t(dim, w, dtype=dtype), _t(MAX_NUM_SEQS + 1, dim, w - 1, dtype=dtype)
+    x = _t(PREFILL_TOKENS, dim, dtype=dtype).t()  # token-major, as ShortConv passes it
+    varlen = _varlen(PREFILL_SEQS)
+    yield Launch(
+        f"prefill T={PREFILL_TOKENS}",
+        lambda: k.causal_conv1d_fn_triton(x, weight, None, states, *varlen),
+    )
+    for b in _batches(quick):
+        xb, idx = _t(b, dim, dtype=dtype), _t(b, dtype=torch.int64)
+        yield Launch(
+            f"decode B={b}",
+            lambda xb=xb, idx=idx: k.causal_conv1d_update_triton(xb, states, weight, None, idx),
+        )
+
+
+def cca_conv(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
+    from shortconv.kernels import cca_triton as k
+
+    if not rank.cca_chans:
+        return
+    c, g, t0, t1 = rank.cca_chans, rank.head_dim, rank.cca_t0, rank.cca_t1
+    w0, b0 = _t(c, t0, dtype=dtype), _t(c, dtype=dtype)
+    w1, b1 = _t(c, g, t1, dtype=dtype), _t(c, dtype=dtype)
+    states = _t(MAX_NUM_SEQS + 1, c, (t0 - 1) + (t1 - 1), dtype=dtype)
+    x = _t(PREFILL_TOKENS, c, dtype=dtype).t()
+    varlen = _varlen(PREFILL_SEQS)
+    yield Launch(
+        f"prefill T={PREFILL_TOKENS}",
+        lambda: k.cca_conv_fn_triton(x, w0, b0, w1, b1, states, *varlen),
+    )
+    for b in _batches(quick):
+        xb, idx = _t(b, c, dtype=dtype), _t(b, dtype=torch.int64)
+        yield Launch(
+            f"decode B={b}",
+            lambda xb=xb, idx=idx: k.cca_conv_update_triton(xb, states, w0, b0, w1, b1, idx),
+        )
+
+
+def _kv(rank: RankShape, ctx: int, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    pages = rows * (ctx // PAGE) + 1
+    kc = _t(pages * PAGE, rank.hk, rank.head_dim, dtype=dtype)
+    return kc, _t(*kc.shape, dtype=dtype), _t(rows, ctx // PAGE, dtype=torch.int32)
+
+
+def attention(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
+    from shortconv.kernels import attention_triton as k
+
+    hq, hk, d = rank.hq, rank.hk, rank.head_dim
+    scale = d**-0.5
+    contexts = rank.contexts()[-1:] if quick else rank.contexts()
+    for ctx in contexts:
+        for b in _batches(quick):
+            kc, vc, bt = _kv(rank, ctx, b, dtype)
+            q, lens = _t(b, hq, d, dtype=dtype), _t(b, dtype=torch.int32)
+            splits = k.decode_splits(b, hk, ctx, META, programs=2 * H200_SMS)
+            yield Launch(
+                f"decode B={b} ctx={ctx} splits={splits}",
+                lambda q=q, kc=kc, vc=vc, bt=bt, lens=lens, s=splits: (
+                    k.paged_attention_decode_triton(q, kc, vc, bt, lens, scale, PAGE, num_splits=s)
+                ),
+            )
+    kc, vc, bt = _kv(rank, 2048, PREFILL_SEQS, dtype)
+    q, lens = _t(PREFILL_TOKENS, hq, d, dtype=dtype), _t(PREFILL_SEQS, dtype=torch.int32)
+    qsl = _t(PREFILL_SEQS + 1, dtype=torch.int32)
+    yield Launch(
+        f"extend T={PREFILL_TOKENS}",
+        lambda: k.paged_attention_extend_triton(
+            q, kc, vc, bt, lens, qsl, scale, PAGE, max_query_len=PREFILL_TOKENS
+        ),
+    )
+
+
+def fused_moe(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
+    from shortconv.kernels import moe_triton as k
+
+    if not rank.experts:
+        return
+    e, h, i, top = rank.experts, rank.hidden, rank.inter, rank.top_k
+    gate_up, down = _t(e, 2 * i, h, dtype=dtype), _t(e, h, i, dtype=dtype)
+    tokens = (PREFILL_TOKENS,) if quick else (*DECODE_BATCHES, PREFILL_TOKENS)
+    for t in tokens:
+        x, ids, w = _t(t, h, dtype=dtype), _t(t, top, dtype=torch.int64), _t(t, top)
+        yield Launch(
+            f"T={t} block_m={k.block_m_for(t * top, e)}",
+            lambda x=x, ids=ids, w=w: k.fused_moe_triton(x, gate_up, down, ids, w, "silu"),
+        )
+
+
+# NOTE: the sweep's kernel list; each family yields nothing for a rank without its layer.
+FAMILIES: dict[str, Callable[[RankShape, torch.dtype, bool], Iterator[Launch]]] = {
+    "short_conv": short_conv,
+    "cca_conv": cca_conv,
+    "attention": attention,
+    "fused_moe": fused_moe,
+}

@@ -3,14 +3,17 @@
   * no module of `shortconv/` but the LLM facade (`shortconv/llm.py`) imports `workers`,
     `deployments` or `ray`: the engine receives its executor, the facade picks it;
   * `workers/` does not import `deployments/`;
-  * the modules of `shortconv/` import each other without cycles.
+  * kernels take plain tensors: `shortconv/kernels/` imports nothing else of `shortconv/`;
+  * `deployments/` holds the engine only as an `EngineLike`: it imports the engine's public
+    surface (facade, configs, sampling parameters, outputs, tokenizer, grammar, metrics, tiny
+    checkpoints), never its scheduler, caches, execution, layers, models or kernels;
+  * the modules of `shortconv/`, `workers/` and `deployments/` import each other without cycles.
 
 What counts as an import: every `import` / `from ... import` statement anywhere in a module,
-module level or inside a function. A lazy (function-level) import still makes one module depend
-on the other; putting it in a function only hides a cycle from the interpreter until the
-function runs, so it counts. Imports under `if TYPE_CHECKING:` never run and exist precisely to
-name a type without a runtime dependency: they count for the direction rules (a type from
-`workers/` inside the engine is still the wrong direction) but not for cycles.
+module level, inside a function or under `if TYPE_CHECKING:`. A lazy (function-level) import
+still makes one module depend on the other; putting it in a function only hides a cycle from the
+interpreter until the function runs. A type-only import names a type of the other module, so the
+two modules still know each other: it counts for cycles and direction alike.
 `from pkg import name` is an edge to the module `pkg.name` when that is a module, else to
 `pkg`. Importing `a.b.c` also runs `a/__init__.py` and `a/b/__init__.py`; those implicit edges
 are left out (`shortconv/__init__.py` re-exports the facade, so counting them would put every
@@ -124,11 +127,11 @@ def test_workers_do_not_import_deployments(edges: list[Edge]) -> None:
     assert not bad, "workers/ must not depend on deployments/:\n" + "\n".join(bad)
 
 
-def engine_graph(edges: list[Edge]) -> dict[str, set[str]]:
-    """Runtime imports among shortconv/ modules (TYPE_CHECKING imports never run)."""
+def import_graph(edges: list[Edge]) -> dict[str, set[str]]:
+    """Imports among the modules of the three packages, lazy and TYPE_CHECKING ones included."""
     graph: dict[str, set[str]] = {}
     for e in edges:
-        if _top(e.src) == _top(e.dst) == "shortconv" and not e.type_only and e.src != e.dst:
+        if _top(e.src) in PACKAGES and _top(e.dst) in PACKAGES and e.src != e.dst:
             graph.setdefault(e.src, set()).add(e.dst)
     return graph
 
@@ -176,15 +179,55 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 def _describe(comp: frozenset[str], edges: list[Edge]) -> str:
-    inside = [e for e in edges if e.src in comp and e.dst in comp and not e.type_only]
+    inside = [e for e in edges if e.src in comp and e.dst in comp]
     return "\n".join(f"  {e}" for e in sorted(inside, key=str))
 
 
-def test_no_import_cycles_in_the_engine(edges: list[Edge]) -> None:
-    cycles = strongly_connected(engine_graph(edges))
-    assert not cycles, "import cycles among shortconv/ modules:\n" + "\n\n".join(
+def test_no_import_cycles_anywhere(edges: list[Edge]) -> None:
+    cycles = strongly_connected(import_graph(edges))
+    assert not cycles, "import cycles among the project's modules:\n" + "\n\n".join(
         _describe(c, edges) for c in cycles
     )
+
+
+def test_kernels_import_nothing_of_the_engine(edges: list[Edge]) -> None:
+    bad = [
+        str(e)
+        for e in edges
+        if e.src.startswith("shortconv.kernels")
+        and _top(e.dst) in PACKAGES
+        and not e.dst.startswith("shortconv.kernels")
+    ]
+    assert not bad, "kernels take plain tensors and import no engine module:\n" + "\n".join(bad)
+
+
+# What deployments/ may import of the engine: the facade that builds it, and the types and helpers
+# that describe requests and results. The engine object itself is held as an EngineLike.
+ENGINE_SURFACE = (
+    "shortconv.llm",
+    "shortconv.errors",
+    "shortconv.configs.config",
+    "shortconv.sampling.sampling_params",
+    "shortconv.sampling.grammar",
+    "shortconv.engine.outputs",
+    "shortconv.engine.stats",
+    "shortconv.engine.tokenizer",
+    "shortconv.metrics",
+    "shortconv.tiny",
+)
+
+
+def _in_surface(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in ENGINE_SURFACE)
+
+
+def test_deployments_use_the_engine_only_through_its_surface(edges: list[Edge]) -> None:
+    bad = [
+        str(e)
+        for e in edges
+        if _top(e.src) == "deployments" and _top(e.dst) == "shortconv" and not _in_surface(e.dst)
+    ]
+    assert not bad, "deployments/ reaches into engine internals:\n" + "\n".join(bad)
 
 
 def test_the_checker_sees_lazy_relative_and_guarded_imports(tmp_path: Path) -> None:

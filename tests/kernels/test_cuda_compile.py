@@ -16,7 +16,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import compile_cases as cc  # noqa: E402
 import cuda_compile  # noqa: E402

@@ -16,7 +16,8 @@ import torch
 from shortconv.cache.state_pool import StatePool
 from shortconv.engine.plan import StepPlan
 from shortconv.execution.step_inputs import StepInputs
-from shortconv.execution.step_tensors import StepScratch, StepTensors
+from shortconv.execution.step_tensors import StepTensors
+from shortconv.kernels.scratch import StepScratch
 
 
 @dataclass(frozen=True)

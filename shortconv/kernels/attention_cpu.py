@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from shortconv.execution.step_tensors import StepScratch, StepTensors
 from shortconv.kernels.attention_dense import DenseAttentionIndices, dense_indices
+from shortconv.kernels.attention_step import PagedAttentionStep
+from shortconv.kernels.scratch import StepScratch
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,9 @@ class _Group:
     unpad: torch.Tensor | None = None
 
 
-def _groups(step: StepTensors, dense: DenseAttentionIndices) -> tuple[_Group | None, _Group | None]:
+def _groups(
+    step: PagedAttentionStep, dense: DenseAttentionIndices
+) -> tuple[_Group | None, _Group | None]:
     """(one-query rows, multi-token chunks) of an eager step, from its host mirrors.
 
     Why: the padded layout gives every sequence the longest chunk's query count, so a step that
@@ -135,7 +138,7 @@ def paged_attention_cpu(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    step: StepTensors,
+    step: PagedAttentionStep,
     scale: float,
     scratch: StepScratch,
 ) -> torch.Tensor:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from shortconv.execution.step_tensors import StepScratch, StepTensors
+from shortconv.kernels.attention_step import PagedAttentionStep
+from shortconv.kernels.scratch import StepScratch
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,16 @@ class DenseAttentionIndices:
     q_unpad_index: torch.Tensor
 
 
-def dense_indices(step: StepTensors, scratch: StepScratch | None = None) -> DenseAttentionIndices:
+def dense_indices(
+    step: PagedAttentionStep, scratch: StepScratch | None = None
+) -> DenseAttentionIndices:
     """The step's dense layout; with `scratch`, built once per step and shared by its layers."""
     if scratch is None:
         return _build(step)
     return scratch.per_step("dense_attention", lambda: _build(step))
 
 
-def _build(step: StepTensors) -> DenseAttentionIndices:
+def _build(step: PagedAttentionStep) -> DenseAttentionIndices:
     dev, page, b = step.block_tables.device, step.page_size, step.num_seqs
     ctx = torch.arange(step.max_seq_len, device=dev)
     in_page = torch.arange(page, device=dev)

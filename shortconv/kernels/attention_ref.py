@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shortconv.execution.step_tensors import StepScratch, StepTensors
 from shortconv.kernels.attention_dense import dense_indices
+from shortconv.kernels.attention_step import PagedAttentionStep
+from shortconv.kernels.scratch import StepScratch
 
 
 def write_kv_ref(
@@ -31,7 +32,7 @@ def paged_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    step: StepTensors,
+    step: PagedAttentionStep,
     scale: float,
     scratch: StepScratch | None = None,
 ) -> torch.Tensor:

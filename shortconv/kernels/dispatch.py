@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from shortconv.execution.step_tensors import StepScratch, StepTensors
 from shortconv.kernels.attention_cpu import paged_attention_cpu
 from shortconv.kernels.attention_ref import paged_attention_ref, write_kv_ref
+from shortconv.kernels.attention_step import PagedAttentionStep
 from shortconv.kernels.cca_cpu import cca_conv_update_cpu, cca_prev_value_update_cpu
 from shortconv.kernels.cca_ref import (
     cca_conv_fn_ref,
@@ -33,6 +33,7 @@ from shortconv.kernels.cca_ref import (
 from shortconv.kernels.conv1d_cpu import causal_conv1d_update_cpu
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
 from shortconv.kernels.moe_ref import fused_moe_ref
+from shortconv.kernels.scratch import StepScratch
 
 ENV_VAR = "SHORTCONV_KERNELS"
 _BACKENDS = ("torch", "triton")
@@ -163,7 +164,7 @@ def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    step: StepTensors,
+    step: PagedAttentionStep,
     scale: float,
     scratch: StepScratch | None = None,
 ) -> torch.Tensor:
@@ -192,7 +193,7 @@ def _paged_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    step: StepTensors,
+    step: PagedAttentionStep,
     scale: float,
 ) -> torch.Tensor:
     # NOTE: the kernels are looked up on the module at call time (tests count them there).

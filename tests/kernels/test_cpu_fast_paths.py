@@ -15,12 +15,13 @@ import shortconv.kernels.conv1d_cpu as conv1d_cpu
 import shortconv.kernels.dispatch as dispatch
 from shortconv.engine.plan import SeqChunk, StepPlan
 from shortconv.execution.step_inputs import StepInputs
-from shortconv.execution.step_tensors import StepScratch, StepTensors
+from shortconv.execution.step_tensors import StepTensors
 from shortconv.kernels.attention_cpu import paged_attention_cpu
 from shortconv.kernels.attention_dense import dense_indices
 from shortconv.kernels.attention_ref import paged_attention_ref
 from shortconv.kernels.cca_ref import cca_conv_update_ref, cca_prev_value_update_ref
 from shortconv.kernels.conv1d_ref import causal_conv1d_update_ref
+from shortconv.kernels.scratch import StepScratch
 from shortconv.layers import linear as linear_mod
 from shortconv.sampling.sampler import SamplingRow
 from shortconv.sampling.sampling_params import SamplingParams

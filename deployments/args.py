@@ -1,59 +1,46 @@
 """The application's arguments (the YAML `args:` block), validated at the edge with pydantic.
 
-One chain: `AppArgs` extends `EngineArgs`, whose fields are named as `EngineConfig`'s and
-become it in one call (`engine_config()`), so the YAML keys stay flat and nothing is copied
-field by field; `EngineConfig`'s own checks run when the args are validated.
+One chain: `AppArgs` extends `EngineArgs`, which is generated from `EngineConfig`'s dataclass
+fields (names, types, defaults and bounds), so the YAML keys stay flat, no engine field is
+declared twice, and `engine_config()` builds the config in one call; `EngineConfig`'s own
+checks run when the args are validated.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import dataclasses
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from shortconv.configs.config import EngineConfig
 
-BatchSize = Annotated[int, Field(ge=1)]
+
+def _engine_fields() -> dict[str, Any]:
+    """EngineConfig's fields as pydantic fields: the same names, types, defaults and bounds."""
+    hints = get_type_hints(EngineConfig)
+    return {
+        f.name: (hints[f.name], Field(f.default, **f.metadata))
+        for f in dataclasses.fields(EngineConfig)
+    }
 
 
-class EngineArgs(BaseModel):
-    """The engine's knobs a deployment sets (each an `EngineConfig` field of the same name;
-    None keeps the engine's default).
-
-    `enable_graphs` runs decode steps as graph replays (CUDA graphs on GPU; None: on for CUDA,
-    off for CPU); `graph_batch_sizes` is their batch-size ladder; a decode batch larger than the
-    largest bucket runs eagerly (counted in shortconv_graph_eager_fallbacks_total).
-    `prepack_cpu_weights` (CPU, fp32) keeps a oneDNN-blocked copy of each large linear weight,
-    faster from 8 rows per step up, at the cost of about the weights' size again in memory.
-    `enable_prefix_caching` reuses any earlier request's cached prefix (KV pages shared, state
-    checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64 in whole KV pages) and
-    at every end of prompt and of generation, in `num_checkpoint_slots` extra state slots (0: 8
-    per max_num_seqs)); see shortconv/cache/prefix_cache.py. A kept session is dropped after
-    `session_ttl_s` idle.
-    """
-
+class _EngineArgsBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_num_seqs: int = Field(32, ge=1)
-    max_num_batched_tokens: int = Field(512, ge=1)
-    num_state_slots: int = Field(0, ge=0)
-    max_model_len: int = Field(0, ge=0)
-    session_ttl_s: float = Field(600.0, gt=0)
-    enable_graphs: bool | None = None
-    graph_batch_sizes: Annotated[tuple[BatchSize, ...], Field(min_length=1)] | None = None
-    prepack_cpu_weights: bool = True
-    enable_prefix_caching: bool = True
-    prefix_checkpoint_interval: int = Field(0, ge=0)
-    num_checkpoint_slots: int = Field(0, ge=0)
-
     def engine_config(self) -> EngineConfig:
-        fields = self.model_dump(include=set(EngineArgs.model_fields), exclude_none=True)
-        return EngineConfig(**fields)
+        return EngineConfig(**{name: getattr(self, name) for name in ENGINE_FIELDS})
 
     @model_validator(mode="after")
-    def _engine_checks(self) -> EngineArgs:
+    def _engine_checks(self) -> _EngineArgsBase:
         self.engine_config()  # NOTE: EngineConfig's ConfigError is a ValueError: a 400 here
         return self
+
+
+ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
+# The engine's knobs, generated from EngineConfig (see its field comments for each one's
+# meaning); a deployment's YAML sets them flat beside the app's own args.
+EngineArgs = create_model("EngineArgs", __base__=_EngineArgsBase, **_engine_fields())
 
 
 class AppArgs(EngineArgs):

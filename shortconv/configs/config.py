@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -103,54 +103,60 @@ def resolve_dtype(dtype: str | torch.dtype, raw: dict[str, Any] | None = None) -
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Capacity and scheduling knobs of one engine (one replica)."""
+    """Capacity and scheduling knobs of one engine (one replica).
 
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
-    num_state_slots: int = 0  # 0: max_num_seqs + 1 scratch + spare slots for session checkpoints
-    kv_page_size: int = 16
-    num_kv_pages: int = 0  # 0: enough for max_num_seqs full-length sequences, capped by memory
-    max_model_len: int = 0  # 0: the model's max_position_embeddings
-    kv_cache_bytes: int = 1 << 30  # cap on KV pages when num_kv_pages is 0
-    session_ttl_s: float = 600.0  # a kept session idle this long is dropped
+    NOTE: a field's bounds are its `metadata` (`ge`/`gt`), checked here and read by the app's
+    args (deployments/args.py builds its pydantic fields from these fields), so a bound is
+    written once."""
+
+    max_num_seqs: int = field(default=32, metadata={"ge": 1})
+    max_num_batched_tokens: int = field(default=512, metadata={"ge": 1})
+    # 0: max_num_seqs + 1 scratch + spare slots for session checkpoints
+    num_state_slots: int = field(default=0, metadata={"ge": 0})
+    kv_page_size: int = field(default=16, metadata={"ge": 1})
+    # 0: enough for max_num_seqs full-length sequences, capped by kv_cache_bytes
+    num_kv_pages: int = field(default=0, metadata={"ge": 0})
+    max_model_len: int = field(default=0, metadata={"ge": 0})  # 0: max_position_embeddings
+    kv_cache_bytes: int = field(default=1 << 30, metadata={"ge": 1})  # cap when num_kv_pages=0
+    # A kept session idle this long is dropped.
+    session_ttl_s: float = field(default=600.0, metadata={"gt": 0})
     # None: graph-captured decode on CUDA only. On CPU a "replay" is the same eager forward on
     # static buffers padded to a (batch, context) bucket, plus a per-step state snapshot, and MoE
     # runs every expert: measured 1.3x slower per decode step (bench/RESULTS.md, CPU results).
     enable_graphs: bool | None = None
-    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    graph_batch_sizes: tuple[int, ...] = field(
+        default=(1, 2, 4, 8, 16, 32), metadata={"min_length": 1}
+    )
     # Decode contexts (tokens) the captured graphs cover on the torch attention path, each
     # capped at max_model_len; longer contexts decode eagerly. The Triton path ignores it (one
     # bucket, max_model_len). See shortconv.execution.graph_runner for why context is bucketed.
-    graph_context_sizes: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+    graph_context_sizes: tuple[int, ...] = field(
+        default=(256, 512, 1024, 2048, 4096, 8192), metadata={"min_length": 1}
+    )
     # CPU fp32: keep a oneDNN-blocked copy of every large linear weight (about the weights'
     # size again in memory) for batches of 8+ rows, where it measured 5-40% faster per GEMM.
     prepack_cpu_weights: bool = True
-    # Automatic prefix caching (shortconv.cache.prefix_cache):
-    # KV pages shared by reference, recurrent
-    # state checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64 rounded up to
-    # whole pages; a multiple of kv_page_size) and at every end of prompt and of generation, in
-    # `num_checkpoint_slots` extra state slots (0: 8 per max_num_seqs).
+    # Automatic prefix caching (shortconv.cache.prefix_cache): KV pages shared by reference,
+    # recurrent state checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64
+    # rounded up to whole pages; a multiple of kv_page_size) and at every end of prompt and of
+    # generation, in `num_checkpoint_slots` extra state slots (0: 8 per max_num_seqs).
     enable_prefix_caching: bool = True
-    prefix_checkpoint_interval: int = 0
-    num_checkpoint_slots: int = 0
+    prefix_checkpoint_interval: int = field(default=0, metadata={"ge": 0})
+    num_checkpoint_slots: int = field(default=0, metadata={"ge": 0})
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ConfigError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
-        if self.kv_page_size < 1:
-            raise ConfigError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
+        for f in fields(self):
+            value, bounds = getattr(self, f.name), f.metadata
+            if "ge" in bounds and value < bounds["ge"]:
+                raise ConfigError(f"{f.name} must be >= {bounds['ge']}, got {value}")
+            if "gt" in bounds and value <= bounds["gt"]:
+                raise ConfigError(f"{f.name} must be > {bounds['gt']}, got {value}")
         interval = self.prefix_checkpoint_interval
-        if interval < 0 or interval % self.kv_page_size:
+        if interval % self.kv_page_size:
             raise ConfigError(
                 f"prefix_checkpoint_interval must be 0 (auto) or a positive multiple of "
                 f"kv_page_size={self.kv_page_size}, got {interval}"
             )
-        if self.num_checkpoint_slots < 0:
-            raise ConfigError(f"num_checkpoint_slots must be >= 0, got {self.num_checkpoint_slots}")
 
     @property
     def checkpoint_interval(self) -> int:

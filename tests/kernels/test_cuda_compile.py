@@ -107,7 +107,9 @@ def test_autotune_table_is_off_by_default_and_switches_on(monkeypatch) -> None: 
 
     from shortconv.kernels import attention_triton, cca_triton, launch_config, moe_triton
 
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+    # NOTE: not monkeypatch.setattr on the knob: undoing it would pin the knob's value and the
+    # TRITON_INTERPRET the later interpreter tests set would be ignored.
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv(launch_config.AUTOTUNE_ENV, raising=False)
     cfg = launch_config.CCA_PREFILL[True]
     assert launch_config.options(cfg, "_cca_kernel") == {"num_warps": 8, "num_stages": 1}

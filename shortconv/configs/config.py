@@ -31,7 +31,8 @@ class ModelConfig:
     vocab_size: int
     hidden_size: int
     num_layers: int
-    layer_types: tuple[str, ...]  # "conv" | "attention" (LFM2) or "cca" (ZAYA1), per layer
+    # Per layer: "conv" | "attention" (full causal) | "sliding_attention" (LFM3) | "cca" (ZAYA1).
+    layer_types: tuple[str, ...]
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -61,11 +62,24 @@ class ModelConfig:
     attention_bias: bool = False
     lm_head_bias: bool = False
     hidden_act: str = "silu"
+    # Sliding-window attention (LFM3): a "sliding_attention" layer's query at position p sees
+    # the keys at positions (p - sliding_window, p]; 0 when the model has no such layer.
+    sliding_window: int = 0
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def attention_layer_ids(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t in ("attention", "cca"))
+        kinds = ("attention", "sliding_attention", "cca")
+        return tuple(i for i, t in enumerate(self.layer_types) if t in kinds)
+
+    @property
+    def sliding_layer_ids(self) -> tuple[int, ...]:
+        """Attention layers that see only the last `sliding_window` positions."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "sliding_attention")
+
+    def window_of(self, layer_id: int) -> int:
+        """The attention window of a layer in tokens; 0 means the whole context."""
+        return self.sliding_window if self.layer_types[layer_id] == "sliding_attention" else 0
 
     @property
     def conv_layer_ids(self) -> tuple[int, ...]:

@@ -14,21 +14,28 @@ stays as an LRU entry. Without it the same tree holds sessions' checkpoints only
 request alone is looked up (among its own pins) and checkpointed (end of prompt, end of
 generation), and an entry is dropped as soon as nothing pins it.
 
-NOTE: `grow` is the one place a request gains KV pages and `release` the one place it loses
-them; a sliding-window layer's pages (LFM3) would leave in `grow` once they leave every window.
+KV pages come in groups (`kv_groups`): group 0 holds every full-attention layer's pages and
+each sliding-window group its own (`window_pages`); a request holds one page list per group,
+indexed alike, and a checkpoint keeps its windows' pages next to its slot.
+
+NOTE: `grow` is the one place a request gains KV pages, and where a sliding group's pages leave
+once they are wholly before the window of the request's next chunk; `release` is the one place
+a request loses all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shortconv.cache.allocators import PageAllocator, SlotAllocator
+from shortconv.cache.allocators import SCRATCH_PAGE, PageAllocator, SlotAllocator
 from shortconv.cache.prefix_cache import CacheEntry, CacheHit, PrefixCache
 from shortconv.cache.sessions import SessionPins
+from shortconv.cache.window_pages import WindowGroup, free_behind, release_table, window_span
 
 Copy = tuple[str, int, int]  # (request id, src, dst)
+PageCopy = tuple[str, int, int, int]  # (request id, KV group, src, dst)
 
 
 class Holder(Protocol):
@@ -39,7 +46,8 @@ class Holder(Protocol):
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     slot: int | None
-    pages: list[int]
+    pages: list[int]  # KV group 0 (full attention)
+    window_pages: list[list[int]]  # one list per sliding-window group, scratch 0 behind it
     num_computed: int  # tokens folded into the slot's state and the KV pages
     num_cached_tokens: int  # prompt tokens resumed from a checkpoint
     looked_up: bool  # the lookup is counted once, at the first admission
@@ -56,12 +64,15 @@ class StepCopies:
     preempted request's slots were freed, maybe handed out again)."""
 
     before: list[Copy] = field(default_factory=list)  # checkpoint -> a resuming request's slot
-    pages: list[Copy] = field(default_factory=list)  # a partly filled cached page, on write
+    pages: list[PageCopy] = field(default_factory=list)  # a partly filled cached page, on write
     after: list[Copy] = field(default_factory=list)  # a chunk's end state -> checkpoint slot
 
     @staticmethod
     def planned(group: list[Copy], planned: Container[str]) -> tuple[tuple[int, int], ...]:
         return tuple((src, dst) for rid, src, dst in group if rid in planned)
+
+    def planned_pages(self, planned: Container[str]) -> tuple[tuple[int, int, int], ...]:
+        return tuple((g, src, dst) for rid, g, src, dst in self.pages if rid in planned)
 
 
 class CacheManager:
@@ -74,10 +85,14 @@ class CacheManager:
         prefix_caching: bool,
         checkpoint_interval: int,
         session_ttl_s: float,
+        windows: Sequence[WindowGroup] = (),
     ) -> None:
         self.slots, self.pages, self.page_size = slots, pages, page_size
+        self.windows = tuple(windows)  # the sliding-window KV groups, 1.. (group 0: `pages`)
         self.prefix_caching, self.checkpoint_interval = prefix_caching, checkpoint_interval
-        self.tree = PrefixCache(page_size, slots, pages, lambda e: self.sessions.entry_evicted(e))
+        self.tree = PrefixCache(
+            page_size, slots, pages, lambda e: self.sessions.entry_evicted(e), self.windows
+        )
         self.sessions = SessionPins(session_ttl_s, self._let_go)
 
     # ---- admission ----------------------------------------------------------------------
@@ -93,33 +108,49 @@ class CacheManager:
             self.forget(req)
             return 0
         copies.before += resumed[:1]
-        copies.pages += resumed[1:]
+        copies.pages += resumed[1:]  # type: ignore[arg-type]
         self._count_lookup(req)
         return n
 
-    def _resume(self, req: Holder) -> tuple[Copy, ...]:
-        """Take over a checkpoint: its slot copy and (mid-page) page copy, or () (no hit, or no
-        room: the request runs fresh)."""
+    def _resume(self, req: Holder) -> tuple[Copy | PageCopy, ...]:
+        """Take over a checkpoint: its slot copy, then (mid-page) one page copy per KV group,
+        or () (no hit, or no room: the request runs fresh)."""
         hit = self._lookup(req)
         if hit is None:
             return ()
         # NOTE: take the page references first: the allocations below may evict the entry.
-        req.pages = list(hit.full_pages)
-        self.pages.share(req.pages)
+        self._share_pages(req, hit)
         req.slot = self._alloc_slot()
         if req.slot is None:
             self.forget(req)
             return ()
-        copies: tuple[Copy, ...] = ((req.request_id, hit.slot, req.slot),)
-        if hit.partial_page is not None:  # one fresh page for the copy of the partial one
+        copies: tuple[Copy | PageCopy, ...] = ((req.request_id, hit.slot, req.slot),)
+        if hit.partial_page is not None:  # one fresh page per group for the partial one's copy
             if not self.grow(req, hit.num_tokens):
                 self.forget(req)
                 return ()
-            copies += ((req.request_id, hit.partial_page, req.pages[-1]),)
+            last = [req.pages[-1]] + [t[-1] for t in req.window_pages]
+            srcs = [hit.partial_page] + [w[-1] for w in hit.windows]
+            pairs = enumerate(zip(srcs, last, strict=True))
+            copies += tuple((req.request_id, g, src, dst) for g, (src, dst) in pairs)
         req.num_computed = hit.num_tokens
         if not req.output_token_ids:
             req.num_cached_tokens = min(hit.num_tokens, len(req.prompt_token_ids))
         return copies
+
+    def _share_pages(self, req: Holder, hit: CacheHit) -> None:
+        """A reference on every full cached page of the hit, in every KV group (a sliding
+        group's table starts with scratch entries up to the window); a partly filled last page
+        is not shared but copied into a fresh one."""
+        req.pages = list(hit.full_pages)
+        self.pages.share(req.pages)
+        partial = hit.num_tokens % self.page_size != 0
+        tables = self._window_tables(req)
+        for group, table, window in zip(self.windows, tables, hit.windows, strict=True):
+            shared = list(window[:-1] if partial else window)
+            group.pages.share(shared)
+            first = window_span(hit.num_tokens, group.window, self.page_size).start
+            table[:] = [SCRATCH_PAGE] * first + shared
 
     def _lookup(self, req: Holder) -> CacheHit | None:
         if self.prefix_caching:
@@ -148,17 +179,45 @@ class CacheManager:
 
     # ---- slots and pages ------------------------------------------------------------------
     def grow(self, req: Holder, num_tokens: int) -> bool:
-        """Give req the pages to cover num_tokens (all or none), evicting cached entries LRU."""
-        extra = -(-num_tokens // self.page_size) - len(req.pages)
-        if extra <= 0:
-            return True
-        got = self.pages.alloc(extra)
-        while got is None and self.tree.evict("page"):
-            got = self.pages.alloc(extra)
-        if got is None:
-            return False
-        req.pages.extend(got)
+        """Give req the pages to cover num_tokens in every KV group (all or none), evicting
+        cached entries LRU; first, a sliding group's pages wholly before the window of the
+        chunk starting at `req.num_computed` go back to its pool."""
+        tables = [req.pages, *self._window_tables(req)]
+        for group, table in zip(self.windows, tables[1:], strict=True):
+            free_behind(table, req.num_computed, group, self.page_size)
+        need = -(-num_tokens // self.page_size)
+        got: list[list[int]] = []
+        for g, table in enumerate(tables):
+            pages = self._alloc_pages(g, need - len(table))
+            if pages is None:
+                for done, allocator in zip(got, self._allocators(), strict=False):
+                    allocator.free(done)
+                return False
+            got.append(pages)
+        for table, pages in zip(tables, got, strict=True):
+            table.extend(pages)
         return True
+
+    def _alloc_pages(self, group: int, n: int) -> list[int] | None:
+        """n fresh pages of a KV group, evicting cached entries LRU: tree pages for group 0,
+        checkpoints (which hold the windows' pages) for a sliding group."""
+        if n <= 0:
+            return []
+        allocator = self._allocators()[group]
+        need = "page" if group == 0 else "slot"
+        got = allocator.alloc(n)
+        while got is None and self.tree.evict(need):
+            got = allocator.alloc(n)
+        return got
+
+    def _allocators(self) -> list[PageAllocator]:
+        return [self.pages, *(g.pages for g in self.windows)]
+
+    def _window_tables(self, req: Holder) -> list[list[int]]:
+        """req's sliding groups' page lists (made empty for a request that holds none yet)."""
+        if len(req.window_pages) != len(self.windows):
+            req.window_pages = [[] for _ in self.windows]
+        return req.window_pages
 
     def _alloc_slot(self) -> int | None:
         slot = self.slots.alloc()
@@ -205,7 +264,7 @@ class CacheManager:
         plen = len(req.prompt_token_ids)
         for q, slot in req.pending_ckpts:
             # NOTE: checkpoints are at prompt positions only (q <= len(prompt)).
-            entry = self.tree.insert(req.prompt_token_ids[:q], req.pages, slot)
+            entry = self.tree.insert(req.prompt_token_ids[:q], req.pages, slot, req.window_pages)
             if q == plen and req.session_id is not None:
                 req.prompt_entry = entry
         req.pending_ckpts.clear()
@@ -219,7 +278,7 @@ class CacheManager:
         n = req.num_computed
         keep = self.prefix_caching or req.session_id is not None
         if completed and keep and req.slot is not None and n:
-            entry = self.tree.insert(req.all_token_ids[:n], req.pages, req.slot)
+            entry = self.tree.insert(req.all_token_ids[:n], req.pages, req.slot, req.window_pages)
             req.slot = None
             if req.session_id is not None:
                 self.sessions.keep(req.session_id, [entry, req.prompt_entry])
@@ -236,9 +295,9 @@ class CacheManager:
         if req.slot is not None:
             self.slots.free(req.slot)
             req.slot = None
-        if req.pages:
-            self.pages.free(req.pages)
-            req.pages = []
+        release_table(req.pages, self.pages)
+        for group, table in zip(self.windows, self._window_tables(req), strict=True):
+            release_table(table, group.pages)
 
     def _let_go(self, entry: CacheEntry) -> None:
         """An entry its holder let go: nothing else pinning it, it stays as an LRU entry with

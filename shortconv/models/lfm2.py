@@ -7,10 +7,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from shortconv.cache.state_pool import KVSpec, StateSpec
-from shortconv.configs.config import EngineConfig, ModelConfig
+from shortconv.cache.state_pool import StateSpec
+from shortconv.configs.config import ModelConfig
 from shortconv.execution.backend import BaseStateBackend
-from shortconv.execution.head_shard import head_shard
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.attention import Lfm2Attention
 from shortconv.layers.mlp import SwiGLU
@@ -75,11 +74,6 @@ class Lfm2ForCausalLM(nn.Module):
     def state_specs(cfg: ModelConfig, tp: ParallelContext) -> list[StateSpec]:
         dim = tp.shard(cfg.hidden_size, "conv channels (hidden_size)")
         return [StateSpec("conv", cfg.conv_layer_ids, (dim, cfg.conv_width - 1))]
-
-    @staticmethod
-    def kv_spec(cfg: ModelConfig, tp: ParallelContext, eng: EngineConfig, pages: int) -> KVSpec:
-        hk = head_shard(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank).num_kv
-        return KVSpec(cfg.attention_layer_ids, hk, cfg.head_dim, eng.kv_page_size, pages)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         loader = WeightLoader(self, self.tp, _hf_to_ours(self.cfg))

@@ -15,6 +15,7 @@ import pytest
 import torch
 from published_configs import LFM2_1_2B, LFM2_2_6B, LFM2_8B_A1B, LFM2_350M, ZAYA1_8B
 
+from shortconv.cache.kv_groups import kv_specs
 from shortconv.cache.state_pool import StatePool
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.support import check_support
@@ -88,7 +89,8 @@ def build_rank(cfg: ModelConfig, tp: int, rank: int) -> tuple[dict[str, tuple[in
 def pool_bytes(cfg: ModelConfig, cls: Any, tp: int, rank: int) -> tuple[int, int, StatePool]:
     """(state bytes per slot, KV bytes per page, a meta-device pool of 3 slots and 4 pages)."""
     tp_ctx = ParallelContext(rank, tp)
-    specs, kv = cls.state_specs(cfg, tp_ctx), cls.kv_spec(cfg, tp_ctx, ENGINE, 4)
+    specs = cls.state_specs(cfg, tp_ctx)
+    (kv,) = kv_specs(cfg, tp_ctx, ENGINE.kv_page_size, 4)  # one KV group: no sliding window
     pool = StatePool(specs, kv, 3, BF16, torch.device("meta"))
     per_slot = sum(s.bytes_per_slot(BF16.itemsize) for s in specs)
     per_page = kv.bytes_per_page(BF16.itemsize)

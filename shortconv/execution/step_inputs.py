@@ -304,13 +304,14 @@ def _host_values(seqs: tuple[SeqChunk, ...], layout: _Layout, graph: bool, page:
         else [qsl[b + 1] - 1 for b, s in enumerate(seqs) if s.sampling is not None]
     )
     w = max((_cdiv(s.start_pos + s.num_tokens, page) for s in seqs), default=0)
-    tables = [p for s in seqs for p in _row(s.block_table, w)] + [0] * (pad * w)
+    # NOTE: a compact table fills only [B, w] of its [B, P] field; every field but the last is
+    # written whole, so the fields after it stay where the layout puts them.
+    tables = [_compact(seqs, g, w, layout) for g in range(layout.groups)]
     # NOTE: a scratch row writes its KV to row 0 of scratch page 0.
     kv = _kv_rows(seqs, 0, page) + [0] * pad
     windows = []
     for g in range(1, layout.groups):
-        windows.append(_kv_rows(seqs, g, page) + [0] * pad)
-        windows.append([p for s in seqs for p in _row(s.tables[g], w)] + [0] * (pad * w))
+        windows += [_kv_rows(seqs, g, page) + [0] * pad, tables[g]]
     values = (
         [t for s in seqs for t in s.token_ids] + [0] * pad,
         [p for st, n in zip(starts, lens, strict=True) for p in range(st, st + n)],
@@ -322,10 +323,18 @@ def _host_values(seqs: tuple[SeqChunk, ...], layout: _Layout, graph: bool, page:
         qsl,
         logits,
         [w],
-        tables,
+        tables[0],
         *windows,
     )
     return [v for field in values for v in field]
+
+
+def _compact(seqs: tuple[SeqChunk, ...], group: int, w: int, layout: _Layout) -> list[int]:
+    """One group's compact [B, w] table, scratch rows past the plan; every table but the
+    block's last is padded to its whole [B, P] field."""
+    values = [p for s in seqs for p in _row(s.tables[group], w)]
+    size = layout.seqs * (w if group == layout.groups - 1 else layout.pages)
+    return values + [0] * (size - len(values))
 
 
 def _kv_rows(seqs: tuple[SeqChunk, ...], group: int, page: int) -> list[int]:

@@ -29,13 +29,13 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shortconv.cache.allocators import SCRATCH_PAGE, PageAllocator, SlotAllocator
+from shortconv.cache.allocators import PageAllocator, SlotAllocator
+from shortconv.cache.page_tables import PageCopy, PageTables
 from shortconv.cache.prefix_cache import CacheEntry, CacheHit, PrefixCache
 from shortconv.cache.sessions import SessionPins
-from shortconv.cache.window_pages import WindowGroup, free_behind, release_table, window_span
+from shortconv.cache.window_pages import WindowGroup
 
 Copy = tuple[str, int, int]  # (request id, src, dst)
-PageCopy = tuple[str, int, int, int]  # (request id, KV group, src, dst)
 
 
 class Holder(Protocol):
@@ -93,6 +93,7 @@ class CacheManager:
         self.tree = PrefixCache(
             page_size, slots, pages, lambda e: self.sessions.entry_evicted(e), self.windows
         )
+        self.kv = PageTables(pages, self.windows, page_size, lambda need: self.tree.evict(need))
         self.sessions = SessionPins(session_ttl_s, self._let_go)
 
     # ---- admission ----------------------------------------------------------------------
@@ -100,57 +101,38 @@ class CacheManager:
         """Give a waiting request (it holds nothing) a slot and the pages of its next chunk,
         resuming it from the deepest usable checkpoint. Returns the chunk's tokens; 0: no room,
         and it holds nothing again (the tree still holds what a resume copied)."""
-        resumed = self._resume(req)
+        slot_copy, page_copies = self._resume(req)
         n = min(len(req.all_token_ids) - req.num_computed, budget)
         if req.slot is None:
             req.slot = self._alloc_slot()
         if req.slot is None or not self.grow(req, req.num_computed + n):
             self.forget(req)
             return 0
-        copies.before += resumed[:1]
-        copies.pages += resumed[1:]  # type: ignore[arg-type]
+        copies.before += slot_copy
+        copies.pages += page_copies
         self._count_lookup(req)
         return n
 
-    def _resume(self, req: Holder) -> tuple[Copy | PageCopy, ...]:
-        """Take over a checkpoint: its slot copy, then (mid-page) one page copy per KV group,
-        or () (no hit, or no room: the request runs fresh)."""
+    def _resume(self, req: Holder) -> tuple[tuple[Copy, ...], tuple[PageCopy, ...]]:
+        """Take over a checkpoint: its slot copy and (mid-page) one page copy per KV group, or
+        nothing (no hit, or no room: the request runs fresh)."""
         hit = self._lookup(req)
         if hit is None:
-            return ()
+            return (), ()
         # NOTE: take the page references first: the allocations below may evict the entry.
-        self._share_pages(req, hit)
+        self.kv.share_hit(req, hit)
         req.slot = self._alloc_slot()
-        if req.slot is None:
+        # A mid-page hit: one fresh page per group for the copy of the partly filled one.
+        if req.slot is None or (
+            hit.partial_page is not None and not self.grow(req, hit.num_tokens)
+        ):
             self.forget(req)
-            return ()
-        copies: tuple[Copy | PageCopy, ...] = ((req.request_id, hit.slot, req.slot),)
-        if hit.partial_page is not None:  # one fresh page per group for the partial one's copy
-            if not self.grow(req, hit.num_tokens):
-                self.forget(req)
-                return ()
-            last = [req.pages[-1]] + [t[-1] for t in req.window_pages]
-            srcs = [hit.partial_page] + [w[-1] for w in hit.windows]
-            pairs = enumerate(zip(srcs, last, strict=True))
-            copies += tuple((req.request_id, g, src, dst) for g, (src, dst) in pairs)
+            return (), ()
+        pages = self.kv.partial_copies(req, hit) if hit.partial_page is not None else ()
         req.num_computed = hit.num_tokens
         if not req.output_token_ids:
             req.num_cached_tokens = min(hit.num_tokens, len(req.prompt_token_ids))
-        return copies
-
-    def _share_pages(self, req: Holder, hit: CacheHit) -> None:
-        """A reference on every full cached page of the hit, in every KV group (a sliding
-        group's table starts with scratch entries up to the window); a partly filled last page
-        is not shared but copied into a fresh one."""
-        req.pages = list(hit.full_pages)
-        self.pages.share(req.pages)
-        partial = hit.num_tokens % self.page_size != 0
-        tables = self._window_tables(req)
-        for group, table, window in zip(self.windows, tables, hit.windows, strict=True):
-            shared = list(window[:-1] if partial else window)
-            group.pages.share(shared)
-            first = window_span(hit.num_tokens, group.window, self.page_size).start
-            table[:] = [SCRATCH_PAGE] * first + shared
+        return ((req.request_id, hit.slot, req.slot),), pages
 
     def _lookup(self, req: Holder) -> CacheHit | None:
         if self.prefix_caching:
@@ -179,45 +161,9 @@ class CacheManager:
 
     # ---- slots and pages ------------------------------------------------------------------
     def grow(self, req: Holder, num_tokens: int) -> bool:
-        """Give req the pages to cover num_tokens in every KV group (all or none), evicting
-        cached entries LRU; first, a sliding group's pages wholly before the window of the
-        chunk starting at `req.num_computed` go back to its pool."""
-        tables = [req.pages, *self._window_tables(req)]
-        for group, table in zip(self.windows, tables[1:], strict=True):
-            free_behind(table, req.num_computed, group, self.page_size)
-        need = -(-num_tokens // self.page_size)
-        got: list[list[int]] = []
-        for g, table in enumerate(tables):
-            pages = self._alloc_pages(g, need - len(table))
-            if pages is None:
-                for done, allocator in zip(got, self._allocators(), strict=False):
-                    allocator.free(done)
-                return False
-            got.append(pages)
-        for table, pages in zip(tables, got, strict=True):
-            table.extend(pages)
-        return True
-
-    def _alloc_pages(self, group: int, n: int) -> list[int] | None:
-        """n fresh pages of a KV group, evicting cached entries LRU: tree pages for group 0,
-        checkpoints (which hold the windows' pages) for a sliding group."""
-        if n <= 0:
-            return []
-        allocator = self._allocators()[group]
-        need = "page" if group == 0 else "slot"
-        got = allocator.alloc(n)
-        while got is None and self.tree.evict(need):
-            got = allocator.alloc(n)
-        return got
-
-    def _allocators(self) -> list[PageAllocator]:
-        return [self.pages, *(g.pages for g in self.windows)]
-
-    def _window_tables(self, req: Holder) -> list[list[int]]:
-        """req's sliding groups' page lists (made empty for a request that holds none yet)."""
-        if len(req.window_pages) != len(self.windows):
-            req.window_pages = [[] for _ in self.windows]
-        return req.window_pages
+        """Give req the pages to cover num_tokens in every KV group (all or none; see
+        `PageTables.grow`: a sliding group's pages behind the window go back first)."""
+        return self.kv.grow(req, num_tokens)
 
     def _alloc_slot(self) -> int | None:
         slot = self.slots.alloc()
@@ -295,9 +241,7 @@ class CacheManager:
         if req.slot is not None:
             self.slots.free(req.slot)
             req.slot = None
-        release_table(req.pages, self.pages)
-        for group, table in zip(self.windows, self._window_tables(req), strict=True):
-            release_table(table, group.pages)
+        self.kv.release(req)
 
     def _let_go(self, entry: CacheEntry) -> None:
         """An entry its holder let go: nothing else pinning it, it stays as an LRU entry with

@@ -4,12 +4,12 @@
 
 * `_write` (host): the plan's primary fields, padded with scratch rows up to the row count
   (a graph bucket's; an eager step has none), into ONE flat int64 staging block, then one copy
-  to the device block. Layout (`_Layout`): input_ids, positions, token_seq_index,
-  slot_mapping [T]; cache_indices, seq_lens, has_initial_state [B]; query_start_loc [B+1];
-  logits_indices [S]; the table width w; the compact block table [B, w] (only the pages the
-  plan's longest context covers, so a wide bucket costs a short step nothing extra); then per
-  sliding-window KV group (`cache.kv_groups` 1..) its slot_mapping [T] and compact table
-  [B, w] (the same w).
+  to the device block. Layout (`step_layout.StepLayout`): input_ids, positions,
+  token_seq_index, slot_mapping [T]; cache_indices, seq_lens, has_initial_state [B];
+  query_start_loc [B+1]; logits_indices [S]; the table width w; the compact block table [B, w]
+  (only the pages the plan's longest context covers, so a wide bucket costs a short step
+  nothing extra); then per sliding-window KV group (`cache.kv_groups` 1..) its slot_mapping
+  [T] and compact table [B, w] (the same w).
 * `derive` (device, no host reads, fixed shapes: capturable): block_tables int32 [B, P] of
   every KV group (the compact table expanded, page 0 past w), has_initial_state (bool),
   query_start_loc (int32).
@@ -27,16 +27,15 @@ scratch slot and page, never in a live request's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 
 import torch
 
 from shortconv.engine.plan import SeqChunk, StepPlan
 from shortconv.execution.state_checkpoints import build_state_checkpoints
+from shortconv.execution.step_layout import StepLayout, cdiv, check_tables, host_values
 from shortconv.execution.step_tensors import StateCheckpoints, StepTensors, WindowTables
 
 _Fields = dict[str, torch.Tensor]  # a step's primary fields, views of one flat block
-_FIELDS = ("ids", "pos", "tok", "kv", "slot", "len", "init", "qsl", "logits", "width", "tables")
 
 
 @dataclass(frozen=True)
@@ -45,31 +44,6 @@ class DecodeShape:
 
     batch: int
     context: int
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """A step's extents: T tokens, B rows, S sampled rows, P block-table columns, and the
-    number of KV groups (each past the first adds a slot mapping and a table)."""
-
-    tokens: int
-    seqs: int
-    sampled: int
-    pages: int
-    groups: int = 1
-
-    def sizes(self) -> list[int]:
-        t, b = self.tokens, self.seqs
-        extra = [t, b * self.pages] * (self.groups - 1)
-        return [t, t, t, t, b, b, b, b + 1, self.sampled, 1, b * self.pages, *extra]
-
-    def fields(self) -> tuple[str, ...]:
-        extra = (f"{name}{g}" for g in range(1, self.groups) for name in ("kv", "tables"))
-        return (*_FIELDS, *extra)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class StepInputs:
@@ -88,14 +62,14 @@ class StepInputs:
         """Grow the buffers to hold steps of these extents. A graph runner calls it before it
         captures; growing invalidates graphs captured earlier over these buffers."""
         self._frozen = False
-        self._fit(self._layout(tokens, seqs, 0, _cdiv(context, self.page_size)), headroom=False)
+        self._fit(self._layout(tokens, seqs, 0, cdiv(context, self.page_size)), headroom=False)
 
     def freeze(self) -> None:
         """NOTE: captured graphs read these addresses; from now on a step that does not fit
         raises instead of reallocating under them."""
         self._frozen = True
 
-    def _fit(self, layout: _Layout, headroom: bool = True) -> None:
+    def _fit(self, layout: StepLayout, headroom: bool = True) -> None:
         want = (layout.tokens, layout.seqs, layout.pages)
         if all(w <= c for w, c in zip(want, self._cap, strict=True)):
             return
@@ -132,11 +106,11 @@ class StepInputs:
         seqs = plan.seqs
         if not seqs:
             raise ValueError("empty step plan")
-        _check_tables(seqs, self.page_size, self.num_kv_groups)
+        check_tables(seqs, self.page_size, self.num_kv_groups)
         max_l = max(s.start_pos + s.num_tokens for s in seqs)
         sampled = sum(s.sampling is not None for s in seqs)
         n_tokens = sum(s.num_tokens for s in seqs)
-        layout = self._layout(n_tokens, len(seqs), sampled, _cdiv(max_l, self.page_size))
+        layout = self._layout(n_tokens, len(seqs), sampled, cdiv(max_l, self.page_size))
         self._fit(layout)
         host = self._write(seqs, layout, graph=False)
         dev = host if self.primary is self.primary_host else self._split(self.primary, layout)
@@ -177,7 +151,7 @@ class StepInputs:
         seqs = plan.seqs if plan is not None else ()
         if len(seqs) > shape.batch or any(s.num_tokens != 1 or s.start_pos < 1 for s in seqs):
             raise ValueError(f"not a decode plan of at most {shape.batch} rows")
-        _check_tables(seqs, self.page_size, self.num_kv_groups)
+        check_tables(seqs, self.page_size, self.num_kv_groups)
         for s in seqs:
             if s.start_pos + 1 > shape.context:
                 raise ValueError(
@@ -192,20 +166,20 @@ class StepInputs:
         step, dev = self._graph(shape)
         self._derive(step, dev, known_width=False)
 
-    def _graph_layout(self, shape: DecodeShape) -> _Layout:
+    def _graph_layout(self, shape: DecodeShape) -> StepLayout:
         b = shape.batch
-        return self._layout(b, b, b, _cdiv(shape.context, self.page_size))
+        return self._layout(b, b, b, cdiv(shape.context, self.page_size))
 
-    def _layout(self, tokens: int, seqs: int, sampled: int, pages: int) -> _Layout:
-        return _Layout(tokens, seqs, sampled, pages, self.num_kv_groups)
+    def _layout(self, tokens: int, seqs: int, sampled: int, pages: int) -> StepLayout:
+        return StepLayout(tokens, seqs, sampled, pages, self.num_kv_groups)
 
     # ---- the one code path ----------------------------------------------------------------
-    def _write(self, seqs: tuple[SeqChunk, ...], layout: _Layout, graph: bool) -> _Fields:
+    def _write(self, seqs: tuple[SeqChunk, ...], layout: StepLayout, graph: bool) -> _Fields:
         """Host values of the primary fields (scratch rows past the plan), one device copy;
         returns the host fields."""
         if self._copy_done is not None:
             self._copy_done.synchronize()  # the previous step's copy may still read the staging
-        flat = _host_values(seqs, layout, graph, self.page_size)
+        flat = host_values(seqs, layout, graph, self.page_size)
         n = len(flat)
         self.primary_host[:n].copy_(torch.tensor(flat, dtype=torch.int64))
         host = self._split(self.primary_host, layout)
@@ -218,13 +192,13 @@ class StepInputs:
             self._copy_done.record()
         return host
 
-    def _split(self, flat: torch.Tensor, layout: _Layout) -> _Fields:
+    def _split(self, flat: torch.Tensor, layout: StepLayout) -> _Fields:
         sizes = layout.sizes()
         return dict(zip(layout.fields(), flat[: sum(sizes)].split(sizes), strict=True))
 
     def _view(
         self,
-        layout: _Layout,
+        layout: StepLayout,
         f: _Fields,
         host: _Fields,
         *,
@@ -290,86 +264,3 @@ class StepInputs:
         pages_of = torch.take(compact, src)
         # NOTE: int64 -> int32 on the copy: the paged kernels' page table.
         dest.copy_(torch.where(inside, pages_of, torch.zeros_like(pages_of)))
-
-
-def _host_values(seqs: tuple[SeqChunk, ...], layout: _Layout, graph: bool, page: int) -> list[int]:
-    """The primary block's values in layout order, scratch rows past the plan."""
-    pad = layout.seqs - len(seqs)
-    lens = [s.num_tokens for s in seqs] + [1] * pad
-    starts = [s.start_pos for s in seqs] + [0] * pad
-    qsl = list(accumulate(lens, initial=0))
-    logits = (
-        list(range(layout.seqs))  # a bucket: every row; the runner picks the live ones
-        if graph
-        else [qsl[b + 1] - 1 for b, s in enumerate(seqs) if s.sampling is not None]
-    )
-    w = max((_cdiv(s.start_pos + s.num_tokens, page) for s in seqs), default=0)
-    # NOTE: a compact table fills only [B, w] of its [B, P] field; every field but the last is
-    # written whole, so the fields after it stay where the layout puts them.
-    tables = [_compact(seqs, g, w, layout) for g in range(layout.groups)]
-    # NOTE: a scratch row writes its KV to row 0 of scratch page 0.
-    kv = _kv_rows(seqs, 0, page) + [0] * pad
-    windows = []
-    for g in range(1, layout.groups):
-        windows += [_kv_rows(seqs, g, page) + [0] * pad, tables[g]]
-    values = (
-        [t for s in seqs for t in s.token_ids] + [0] * pad,
-        [p for st, n in zip(starts, lens, strict=True) for p in range(st, st + n)],
-        [b for b, n in enumerate(lens) for _ in range(n)],
-        kv,
-        [s.slot for s in seqs] + [0] * pad,
-        [st + n for st, n in zip(starts, lens, strict=True)],
-        [int(st > 0) for st in starts],
-        qsl,
-        logits,
-        [w],
-        tables[0],
-        *windows,
-    )
-    return [v for field in values for v in field]
-
-
-def _compact(seqs: tuple[SeqChunk, ...], group: int, w: int, layout: _Layout) -> list[int]:
-    """One group's compact [B, w] table, scratch rows past the plan; every table but the
-    block's last is padded to its whole [B, P] field."""
-    values = [p for s in seqs for p in _row(s.tables[group], w)]
-    size = layout.seqs * (w if group == layout.groups - 1 else layout.pages)
-    return values + [0] * (size - len(values))
-
-
-def _kv_rows(seqs: tuple[SeqChunk, ...], group: int, page: int) -> list[int]:
-    """The flat KV row each new token writes in one KV group's pages."""
-    rows = []
-    for s in seqs:
-        table = s.tables[group]
-        rows += [table[p // page] * page + p % page for p in _positions(s)]
-    return rows
-
-
-def _positions(s: SeqChunk) -> range:
-    return range(s.start_pos, s.start_pos + s.num_tokens)
-
-
-def _row(table: tuple[int, ...], width: int) -> list[int]:
-    used = list(table[:width])
-    return used + [0] * (width - len(used))
-
-
-def _check_tables(seqs: tuple[SeqChunk, ...], page_size: int, groups: int) -> None:
-    """A short block table, or a scratch page where the chunk writes, would silently send KV
-    rows to the scratch page: refuse it (in every KV group)."""
-    for s in seqs:
-        need = _cdiv(s.start_pos + s.num_tokens, page_size)
-        if len(s.tables) != groups:
-            raise ValueError(f"request {s.request_id}: {len(s.tables)} block tables, need {groups}")
-        for g, table in enumerate(s.tables):
-            if len(table) < need:
-                raise ValueError(
-                    f"request {s.request_id}: block table {g} has {len(table)} pages, "
-                    f"needs {need} for {s.start_pos + s.num_tokens} positions"
-                )
-            if 0 in table[s.start_pos // page_size : need]:
-                raise ValueError(
-                    f"request {s.request_id}: block table {g} has the scratch page where "
-                    f"positions {s.start_pos}..{s.start_pos + s.num_tokens - 1} are written"
-                )

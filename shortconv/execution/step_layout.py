@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
+from shortconv.cache.allocators import SCRATCH_PAGE, SCRATCH_SLOT
 from shortconv.engine.plan import SeqChunk
 
 FIELDS = ("ids", "pos", "tok", "kv", "slot", "len", "init", "qsl", "logits", "width", "tables")
@@ -113,8 +114,9 @@ def _row(table: tuple[int, ...], width: int) -> list[int]:
 
 
 def check_tables(seqs: tuple[SeqChunk, ...], page_size: int, groups: int) -> None:
-    """A short block table, or a scratch page where the chunk writes, would silently send KV
-    rows to the scratch page: refuse it (in every KV group)."""
+    """A short block table, or a scratch page where a live row's chunk writes (a page freed
+    behind a window, say), would silently send KV rows to the scratch page: refuse it, in every
+    KV group. An explicit scratch row (slot 0) writes to page 0 by contract."""
     for s in seqs:
         need = cdiv(s.start_pos + s.num_tokens, page_size)
         if len(s.tables) != groups:
@@ -125,7 +127,7 @@ def check_tables(seqs: tuple[SeqChunk, ...], page_size: int, groups: int) -> Non
                     f"request {s.request_id}: block table {g} has {len(table)} pages, "
                     f"needs {need} for {s.start_pos + s.num_tokens} positions"
                 )
-            if 0 in table[s.start_pos // page_size : need]:
+            if s.slot != SCRATCH_SLOT and SCRATCH_PAGE in table[s.start_pos // page_size : need]:
                 raise ValueError(
                     f"request {s.request_id}: block table {g} has the scratch page where "
                     f"positions {s.start_pos}..{s.start_pos + s.num_tokens - 1} are written"

@@ -65,6 +65,8 @@ ATTN_DECODE = {
 # bf16/fp16 64 x 64 rows: 124 regs at d64 (4 warps), 132 at d128 with 8 warps (182 at 4),
 # 0 spills, tensor cores. fp32: d64 32 x 32 at 8 warps 204 / 0 (64 x 64 at 4 warps: 10.7 KB
 # spilled); d128 16 x 16 at 8 warps 208 / 0 (64 x 64 at 4 warps: 82.7 KB spills, 14 KB stack).
+# NOTE: block_i <= block_n: with a sliding window, a query block's last row first sees the
+# key block_m - 1 after the loop start, which must fall in the first key block.
 ATTN_EXTEND = {
     (True, False): LaunchConfig(64, 64, 4, 1),
     (True, True): LaunchConfig(64, 64, 8, 1),

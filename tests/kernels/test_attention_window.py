@@ -278,3 +278,12 @@ def test_windowed_dense_layout_gathers_only_the_window(window: int) -> None:
         lo = max(0, start - window + 1)
         span = {tables[b][p // page] * page + p % page for p in range(lo, start + n)}
         assert set(dense.kv_gather[b].tolist()) <= span, b
+
+
+def test_extend_tiles_let_every_windowed_row_see_its_first_key_block() -> None:
+    """The windowed extend loop starts at its block's first query's window: a row BLOCK_M - 1
+    later sees keys from BLOCK_M - 1 on, which the first BLOCK_N keys must include (else that
+    row's softmax starts empty: NaN). Query rows per program never exceed keys per step."""
+    from shortconv.kernels.launch_config import ATTN_EXTEND
+
+    assert all(cfg.block_i <= cfg.block_n for cfg in ATTN_EXTEND.values())

@@ -99,12 +99,7 @@ def _query_rows(
 
 def _build_windowed(step: PagedAttentionStep, window: int) -> DenseAttentionIndices:
     """The layout of a sliding-window layer: each row gathers only the positions its queries
-    see (a query at p sees p-window+1 .. p).
-
-    NOTE: a sliding layer's block table may hold scratch page 0 at pages wholly before the
-    window (freed), and page 0's contents are anything; so no column gathers a position outside
-    the row's window span: columns past a row's context repeat its last position (masked)."""
-    dev, page = step.block_tables.device, step.page_size
+    see (a query at p sees p-window+1 .. p)."""
     decode = step.max_query_len == 1 and step.num_tokens == step.num_seqs
     if decode:  # one query per row, row i is token i (as `_build`: graph buckets too)
         lens = torch.ones_like(step.positions)
@@ -116,15 +111,12 @@ def _build_windowed(step: PagedAttentionStep, window: int) -> DenseAttentionIndi
     width = min(step.max_seq_len, window + step.max_query_len - 1)
     first_q = last + 1 - lens  # position of each row's first new token
     start = (first_q - window + 1).clamp(min=0)
-    pos = start[:, None] + torch.arange(width, device=dev)
-    pos = torch.minimum(pos, last.clamp(min=0)[:, None])
-    tables = step.block_tables.to(torch.int64)
-    kv_gather = tables.gather(1, pos // page) * page + pos % page
-    qi = torch.arange(step.max_query_len, device=dev)
+    kv_gather = _window_rows(step, start, last, width)
+    qi = torch.arange(step.max_query_len, device=start.device)
     live_q = qi < lens[:, None]  # [B, Q]
-    q_pos = first_q[:, None] + qi
-    ctx = start[:, None, None] + torch.arange(width, device=dev)
-    mask = (ctx <= q_pos[:, :, None]) & (ctx > q_pos[:, :, None] - window) & live_q[:, :, None]
+    q_pos = (first_q[:, None] + qi)[:, :, None]
+    ctx = start[:, None, None] + torch.arange(width, device=start.device)
+    mask = (ctx <= q_pos) & (ctx > q_pos - window) & live_q[:, :, None]
     if decode:
         rows = step.token_seq_index
         return DenseAttentionIndices(kv_gather, mask, rows, rows, window)
@@ -132,3 +124,18 @@ def _build_windowed(step: PagedAttentionStep, window: int) -> DenseAttentionIndi
     mask[:, :, 0] |= ~live_q
     q_pad, q_unpad = _query_rows(step, qsl, live_q)
     return DenseAttentionIndices(kv_gather, mask, q_pad, q_unpad, window)
+
+
+def _window_rows(
+    step: PagedAttentionStep, start: torch.Tensor, last: torch.Tensor, width: int
+) -> torch.Tensor:
+    """int64 [B, width]: the flat KV row of positions start_b .. start_b + width - 1.
+
+    NOTE: a sliding layer's block table may hold scratch page 0 at pages wholly before the
+    window (freed), and page 0 holds anything; so no column reads a position outside the row's
+    window span: columns past a row's context repeat its last position (and are masked)."""
+    page = step.page_size
+    pos = start[:, None] + torch.arange(width, device=start.device)
+    pos = torch.minimum(pos, last.clamp(min=0)[:, None])
+    tables = step.block_tables.to(torch.int64)
+    return tables.gather(1, pos // page) * page + pos % page

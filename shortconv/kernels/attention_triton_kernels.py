@@ -153,8 +153,7 @@ def reduce_kernel(
     m_all = tl.load(m_ptr + base + s_all, mask=all_mask, other=float("-inf"))
     den = tl.load(l_ptr + base + s_all, mask=all_mask, other=0.0)
     # NOTE: split 0 always holds the row's first visible position (seq_lens >= 1), so the max
-    # is finite and empty
-    # splits (m = -inf) get weight exp2(-inf) = 0.
+    # is finite and empty splits (m = -inf) get weight exp2(-inf) = 0.
     m_max = tl.reduce(m_all, 0, _MAX)
     total = tl.reduce(den * tl.exp2(m_all - m_max), 0, _SUM)
     num = tl.full([BLOCK_D], 0.0, tl.float32)
@@ -231,6 +230,9 @@ def extend_kernel(
     q = q.to(tl.float32) if UPCAST else q.to(k_ptr.dtype.element_ty)
     # Keys from the block's first query's window start (0 without a window) up to its last
     # query (causal); an empty block (mb past n) runs no loop.
+    # NOTE: every row must see a key of the first BLOCK_N (else its first m stays -inf and
+    # exp2(-inf - -inf) is NaN): the block's last row starts BLOCK_M - 1 after `lo`, so
+    # BLOCK_M <= BLOCK_N (launch_config.ATTN_EXTEND: block_i <= block_n).
     hi = tl.where(mb * BLOCK_M < n, ctx0 + tl.minimum((mb + 1) * BLOCK_M, n), 0)
     lo = tl.where(window > 0, tl.maximum(first_q - window + 1, 0), 0)
     m = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)

@@ -33,7 +33,7 @@ from shortconv.tiny.checkpoint import make_tiny_checkpoint
 ROWS = [6, 1, 4]
 
 
-@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "zaya1"])
+@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "lfm3", "zaya1"])
 def prefilled(request, tmp_path_factory):
     if request.param == "zaya1" and (reason := zaya_skip_reason()):
         pytest.skip(reason)

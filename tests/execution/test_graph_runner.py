@@ -48,7 +48,7 @@ from shortconv.kernels import attention_dense
 from shortconv.kernels.dispatch import attention_context_buckets, resolve_backend
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
-ARCHS = ["lfm2", "lfm2_moe", "zaya1"]
+ARCHS = ["lfm2", "lfm2_moe", "lfm3", "zaya1"]
 # Prompt lengths: contexts land in all three context buckets (16, 32, 64) after prefill.
 PROMPT_LENS = (3, 14, 9, 30, 5, 17, 40, 12)
 

@@ -260,3 +260,30 @@ def test_every_backend_mixes_full_and_windowed_layers(
     torch.testing.assert_close(ref, want_win, **TOL)
     cpu = paged_attention_cpu(q, k_nan, v_nan, win_step, scale, StepScratch(), window=window)
     torch.testing.assert_close(cpu, want_win, **TOL)
+
+
+@pytest.mark.parametrize("window", [1, 6, 100])
+def test_windowed_dense_layout_gathers_only_the_window(window: int) -> None:
+    """The torch paths' windowed layout is at most window + Q - 1 columns wide and every column
+    of a row reads a page of that row's window span (never a freed page)."""
+    from shortconv.kernels.attention_dense import dense_indices
+
+    page, rows = 4, [(0, 14), (19, 3), (4, 1), (25, 9)]
+    step, win_step = _step(rows, page, window, seed=window)
+    dense = dense_indices(win_step, window=window)
+    max_q = max(n for _, n in rows)
+    assert dense.kv_gather.shape[1] == min(step.max_seq_len, window + max_q - 1)
+    tables = step.block_tables.tolist()
+    for b, (start, n) in enumerate(rows):
+        lo = max(0, start - window + 1)
+        span = {tables[b][p // page] * page + p % page for p in range(lo, start + n)}
+        assert set(dense.kv_gather[b].tolist()) <= span, b
+
+
+def test_extend_tiles_let_every_windowed_row_see_its_first_key_block() -> None:
+    """The windowed extend loop starts at its block's first query's window: a row BLOCK_M - 1
+    later sees keys from BLOCK_M - 1 on, which the first BLOCK_N keys must include (else that
+    row's softmax starts empty: NaN). Query rows per program never exceed keys per step."""
+    from shortconv.kernels.launch_config import ATTN_EXTEND
+
+    assert all(cfg.block_i <= cfg.block_n for cfg in ATTN_EXTEND.values())

@@ -18,6 +18,7 @@ import zlib
 
 import pytest
 from oracle import OracleRun, assert_matches_oracle, oracle_greedy
+from triton_path import force_triton_path
 
 from shortconv import LLM, SamplingParams
 from shortconv.configs.config import EngineConfig, ModelConfig
@@ -183,3 +184,35 @@ def test_prefix_cache_hit_longer_than_the_window(case: Case) -> None:
     assert out_b.num_cached_tokens == 32 > case.cfg.sliding_window
     case.check(a, out_a, "prefix owner")
     case.check(b, out_b, "prefix hit")
+
+
+# ---- the GPU path (Triton kernels, interpreted) ----------------------------------------------
+@pytest.mark.parametrize("case", ["base"], indirect=True)
+def test_triton_path_past_the_window(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Width-7 conv and windowed paged attention on the Triton kernels, no SDPA: chunked
+    prefill across window and page boundaries next to decodes, a long decode, and a
+    prefix-cache hit deeper than the window. The oracle runs first (it needs SDPA)."""
+    long_decode = 4 * case.cfg.sliding_window
+    shared = case.prompts[-1][:33]
+    batch = [case.prompts[i] for i in (0, 3, 5, 6)]
+    refs = [case.oracle(p) for p in batch]
+    ref_long = case.oracle(case.prompts[2], long_decode)
+    pair = (shared + [5, 6, 7], shared + [9, 10, 11, 12])
+    ref_pair = [case.oracle(p) for p in pair]
+    pytest.importorskip("triton")
+    triton_calls = force_triton_path(monkeypatch)
+    eng = case.engine(max_num_batched_tokens=7, prefix_checkpoint_interval=2 * PAGE)
+    ids = [eng.add_request(p, greedy()) for p in batch]
+    done: dict[str, RequestOutput] = {}
+    while eng.has_unfinished():
+        done |= {o.request_id: o for o in eng.step() if o.finished}
+    for rid, prompt, ref in zip(ids, batch, refs, strict=True):
+        assert_matches_oracle(done[rid].token_ids, ref, f"triton len={len(prompt)}")
+    out = run_one(eng, case.prompts[2], long_decode)
+    assert_matches_oracle(out.token_ids, ref_long, "triton long decode")
+    outs = [run_one(eng, p, MAX_NEW) for p in pair]
+    assert outs[1].num_cached_tokens == 32
+    for o, ref in zip(outs, ref_pair, strict=True):
+        assert_matches_oracle(o.token_ids, ref, "triton prefix hit")
+    assert triton_calls["paged_attention_decode_triton"] > 0, triton_calls
+    assert triton_calls["paged_attention_extend_triton"] > 0, triton_calls

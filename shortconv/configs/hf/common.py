@@ -5,11 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shortconv.errors import ConfigError
+
 
 def eos_ids(eos: int | list[int] | None) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),)
+
+
+def map_layer_types(
+    types: list[str], num_layers: int, ours: dict[str, str], family: str
+) -> tuple[str, ...]:
+    """transformers' layer_types → our kinds through `ours`; refuses a wrong count or kind."""
+    if len(types) != num_layers:
+        raise ConfigError(f"layer_types has {len(types)} entries for {num_layers} layers")
+    unknown = sorted({t for t in types if t not in ours})
+    if unknown:
+        raise ConfigError(
+            f"unknown {family} layer types {unknown}; expected {', '.join(sorted(ours))}"
+        )
+    return tuple(ours[t] for t in types)
 
 
 def head_dim_of(c: Any) -> int:

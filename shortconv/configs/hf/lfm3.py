@@ -13,7 +13,7 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
-from shortconv.configs.hf.common import RopeSpec, eos_ids
+from shortconv.configs.hf.common import RopeSpec, eos_ids, map_layer_types
 from shortconv.configs.hf.transformers_class import transformers_config
 from shortconv.errors import ConfigError
 
@@ -95,16 +95,6 @@ def fallback_lfm3_config(raw: dict[str, Any]) -> SimpleNamespace:
     return c
 
 
-def _layer_types(c: Any) -> tuple[str, ...]:
-    types = list(c.layer_types)
-    if len(types) != c.num_hidden_layers:
-        raise ConfigError(f"layer_types has {len(types)} entries for {c.num_hidden_layers} layers")
-    unknown = sorted({t for t in types if t not in _LAYER_TYPES})
-    if unknown:
-        raise ConfigError(f"unknown LFM3 layer types {unknown}; expected {sorted(_LAYER_TYPES)}")
-    return tuple(_LAYER_TYPES[t] for t in types)
-
-
 def _rope_spec(c: Any, label: str) -> RopeSpec:
     """The RoPE transformers' Lfm3RotaryEmbedding builds for layers of `label`."""
     entry = (c.rope_parameters or {}).get(label)
@@ -153,7 +143,7 @@ def lfm3_fields(raw: dict[str, Any], arch: str) -> dict[str, Any]:
     """config.json (transformers LFM3 layout) → ModelConfig fields; refuses what we cannot serve."""
     c = transformers_config("lfm3", raw) or fallback_lfm3_config(raw)
     _check_heads(c)
-    types = _layer_types(c)
+    types = map_layer_types(list(c.layer_types), int(c.num_hidden_layers), _LAYER_TYPES, "LFM3")
     ropes = _ropes(c, types)
     main = dict(ropes).get("attention") or dict(ropes).get("sliding_attention")
     main = main or RopeSpec(_DEFAULT_THETA, int(c.head_dim))  # an all-conv model has no RoPE

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 from oracle import assert_matches_oracle, oracle_greedy
+from published_configs import LFM3_1_7B
 
 from shortconv import SamplingParams
 from shortconv.cache.kv_groups import kv_groups, window_page_bound
@@ -110,3 +111,20 @@ def test_max_model_len_is_capped_by_the_full_group_only(lfm3) -> None:
 
 def _unslid(cfg: ModelConfig) -> tuple[str, ...]:
     return tuple("attention" if t == "sliding_attention" else t for t in cfg.layer_types)
+
+
+def test_lfm3_1_7b_kv_per_request_and_pool_split_as_documented() -> None:
+    """docs/kv_memory.md's numbers, from the published shape: 6 full and 5 sliding layers (w
+    256), 4 KV heads of 128, bf16, pages of 16; the default 1 GiB pool's split."""
+    cfg = ModelConfig.from_hf_dict(LFM3_1_7B)
+    full, sliding = kv_groups(cfg)
+    assert (len(full.layer_ids), sliding.window, len(sliding.layer_ids)) == (6, 256, 5)
+    per_token_layer = 2 * 4 * 128 * 2  # K and V, bf16: 2 KiB
+    ctx, bound = 32768, window_page_bound(256, 16)
+    without = (6 + 5) * ctx * per_token_layer
+    with_window = 6 * ctx * per_token_layer + 5 * bound * 16 * per_token_layer
+    assert (without / 2**20, round(with_window / 2**20, 1)) == (704, 386.7)
+    cap = plan_capacity(cfg, EngineConfig(), 32768, torch.bfloat16)
+    assert cap.window_pages == (1153,) and cap.num_pages == 4500
+    unwindowed = dataclasses.replace(cfg, layer_types=_unslid(cfg), sliding_window=0)
+    assert plan_capacity(unwindowed, EngineConfig(), 32768, torch.bfloat16).num_pages == 2978

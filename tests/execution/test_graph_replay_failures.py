@@ -23,6 +23,7 @@ from graph_helpers import (
     load_pool,
     make_runner,
     pool_snapshot,
+    window_groups,
     zaya_skip_reason,
 )
 
@@ -40,7 +41,10 @@ def prefilled(request, tmp_path_factory):
     path = make_tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param), seed=4)
     runner = make_runner(path, enable_graphs=False)
     rng = random.Random(2)
-    seqs = Seqs([[rng.randrange(1, 512) for _ in range(3 + 4 * i)] for i in range(NUM_SEQS)])
+    seqs = Seqs(
+        [[rng.randrange(1, 512) for _ in range(3 + 4 * i)] for i in range(NUM_SEQS)],
+        window_groups(runner),
+    )
     seqs.push(list(range(NUM_SEQS)), runner.execute(seqs.prefill()).token_ids)
     return runner, seqs, pool_snapshot(runner)
 

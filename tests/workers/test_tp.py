@@ -222,10 +222,12 @@ def test_tp_session_resume_equals_tp1(group: Group, tp: int) -> None:
 # ZAYA1: head_dim 16, 3 layers; conv channels (own query heads + KV heads) * 16; the
 # previous-token width is the rank's share of the 2 * 16 / 2 = 16 previous-token channels,
 # all on the rank(s) holding KV head 1. LFM3: 64 channels, width 7, 3 conv and 3 attention
-# layers of 6, 4 KV heads of 16.
+# layers of 6, 4 KV heads of 16; KV in two groups (docs/kv_memory.md): the full layer's 32
+# pages, and the 2 sliding layers' (window 8: 2 pages a row) 1 + 4 rows * (2 + 1) + 512 / 8
+# (a step's chunks) + (9 - 1 - 4) spare slots * 2 = 85 pages of 8.
 EXPECTED_STATES = {
-    ("lfm3", 2): [{"conv": (3, 16, 32, 6), "kv": (3, 256, 2, 16)}] * 2,
-    ("lfm3", 4): [{"conv": (3, 16, 16, 6), "kv": (3, 256, 1, 16)}] * 4,
+    ("lfm3", 2): [{"conv": (3, 16, 32, 6), "kv": (1, 256, 2, 16), "kv1": (2, 680, 2, 16)}] * 2,
+    ("lfm3", 4): [{"conv": (3, 16, 16, 6), "kv": (1, 256, 1, 16), "kv1": (2, 680, 1, 16)}] * 4,
     ("lfm2", 2): [{"conv": (4, 16, 32, 2), "kv": (2, 256, 1, 8)}] * 2,
     ("lfm2", 4): [{"conv": (4, 16, 16, 2), "kv": (2, 256, 1, 8)}] * 4,
     ("lfm2_moe", 2): [{"conv": (2, 16, 32, 2), "kv": (2, 256, 1, 16)}] * 2,

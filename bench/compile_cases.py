@@ -35,12 +35,41 @@ MAX_NUM_SEQS = 32
 PAGE = 16
 KV_BYTES = 1 << 30  # EngineConfig.kv_cache_bytes per rank
 H200_SMS = 132
+
+
+def _lfm3_layer_types(n: int) -> list[str]:
+    """LFM3's default layout (transformers' Lfm3Config): full attention at i % 4 == 2, sliding
+    at i % 4 == 0 (not layer 0), short conv elsewhere."""
+    return [
+        "full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i else "conv"
+        for i in range(n)
+    ]
+
+
+# LiquidAI/LFM3-1.7B: the shape fields of transformers 5.24's Lfm3Config class defaults (its
+# documented checkpoint): 24 layers (13 conv of width 7, 6 full and 5 sliding-window
+# attention, window 256), 16 query / 4 KV heads of 128. Kept here until tests/published_configs
+# lists LFM3.
+LFM3_1_7B: dict[str, Any] = {
+    "architectures": ["Lfm3ForCausalLM"],
+    "model_type": "lfm3",
+    "hidden_size": 2048,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "max_position_embeddings": 128000,
+    "conv_L_cache": 7,
+    "sliding_window": 256,
+    "layer_types": _lfm3_layer_types(24),
+}
 MODELS: dict[str, dict[str, Any]] = {
     "LFM2-350M": pc.LFM2_350M,
     "LFM2-1.2B": pc.LFM2_1_2B,
     "LFM2-2.6B": pc.LFM2_2_6B,
     "LFM2-8B-A1B": pc.LFM2_8B_A1B,
     "ZAYA1-8B": pc.ZAYA1_8B,
+    "LFM3-1.7B": LFM3_1_7B,
 }
 # tp sizes each model supports (tests/test_published_shapes.py; LFM2-350M also at 16).
 TP_SIZES: dict[str, tuple[int, ...]] = {m: (1, 2, 4, 8) for m in MODELS} | {
@@ -51,7 +80,7 @@ TP_SIZES: dict[str, tuple[int, ...]] = {m: (1, 2, 4, 8) for m in MODELS} | {
 @dataclass(frozen=True)
 class RankShape:
     """What one rank's layers hand the kernels. conv_dim 0: no short conv; cca_chans 0: no CCA;
-    experts 0: no routed experts."""
+    experts 0: no routed experts; window 0: no sliding-window attention layer."""
 
     model: str
     tp: int
@@ -69,6 +98,7 @@ class RankShape:
     hidden: int = 0
     inter: int = 0
     top_k: int = 0
+    window: int = 0
 
     @property
     def label(self) -> str:
@@ -101,9 +131,12 @@ def rank_shape(model: str, tp: int) -> RankShape:
             top_k=raw["num_experts_per_tok"],
         )
     moe = raw["model_type"] == "lfm2_moe"
+    kinds = raw["layer_types"]
+    sliding = kinds.count("sliding_attention")
     return RankShape(
         **common,
-        n_attn=raw["layer_types"].count("full_attention"),
+        n_attn=kinds.count("full_attention") + sliding,
+        window=raw["sliding_window"] if sliding else 0,
         max_len=raw["max_position_embeddings"],
         conv_dim=h // tp,
         conv_width=raw["conv_L_cache"],
@@ -194,31 +227,39 @@ def _kv(rank: RankShape, ctx: int, rows: int, dtype: torch.dtype) -> tuple[torch
 
 
 def attention(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
+    """Decode and extend launches; a rank with sliding-window layers adds their launches too
+    (`window` > 0: the decode splits count only the window's positions)."""
     from shortconv.kernels import attention_triton as k
 
     hq, hk, d = rank.hq, rank.hk, rank.head_dim
     scale = d**-0.5
     contexts = rank.contexts()[-1:] if quick else rank.contexts()
+    windows = (0, rank.window) if rank.window else (0,)
     for ctx in contexts:
         for b in _batches(quick):
             kc, vc, bt = _kv(rank, ctx, b, dtype)
             q, lens = _t(b, hq, d, dtype=dtype), _t(b, dtype=torch.int32)
-            splits = k.decode_splits(b, hk, ctx, META, programs=2 * H200_SMS)
-            yield Launch(
-                f"decode B={b} ctx={ctx} splits={splits}",
-                lambda q=q, kc=kc, vc=vc, bt=bt, lens=lens, s=splits: (
-                    k.paged_attention_decode_triton(q, kc, vc, bt, lens, scale, PAGE, num_splits=s)
-                ),
-            )
+            for w in windows:
+                span = min(ctx, w) if w else ctx
+                splits = k.decode_splits(b, hk, span, META, programs=2 * H200_SMS)
+                yield Launch(
+                    f"decode B={b} ctx={ctx}{f' w={w}' if w else ''} splits={splits}",
+                    lambda q=q, kc=kc, vc=vc, bt=bt, lens=lens, s=splits, w=w: (
+                        k.paged_attention_decode_triton(
+                            q, kc, vc, bt, lens, scale, PAGE, num_splits=s, window=w
+                        )
+                    ),
+                )
     kc, vc, bt = _kv(rank, 2048, PREFILL_SEQS, dtype)
     q, lens = _t(PREFILL_TOKENS, hq, d, dtype=dtype), _t(PREFILL_SEQS, dtype=torch.int32)
     qsl = _t(PREFILL_SEQS + 1, dtype=torch.int32)
-    yield Launch(
-        f"extend T={PREFILL_TOKENS}",
-        lambda: k.paged_attention_extend_triton(
-            q, kc, vc, bt, lens, qsl, scale, PAGE, max_query_len=PREFILL_TOKENS
-        ),
-    )
+    for w in windows:
+        yield Launch(
+            f"extend T={PREFILL_TOKENS}{f' w={w}' if w else ''}",
+            lambda w=w: k.paged_attention_extend_triton(
+                q, kc, vc, bt, lens, qsl, scale, PAGE, max_query_len=PREFILL_TOKENS, window=w
+            ),
+        )
 
 
 def fused_moe(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:

@@ -31,13 +31,14 @@ import compile_cases as cc  # noqa: E402
 from sm90_harness import CompileRecord, compile_only_sm90, run_launch  # noqa: E402
 
 DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-# NOTE: --quick (the test suite's subset): each family at one rank shape, the one with the
-# widest tiles (ZAYA1's head_dim 128; the short conv exists in LFM2 only).
-QUICK: dict[str, tuple[str, int]] = {
-    "short_conv": ("LFM2-350M", 1),
-    "cca_conv": ("ZAYA1-8B", 1),
-    "attention": ("ZAYA1-8B", 1),
-    "fused_moe": ("ZAYA1-8B", 1),
+# NOTE: --quick (the test suite's subset): each family at the rank shapes with the widest tiles
+# (ZAYA1's head_dim 128) and the launch classes no other shape has: LFM3's width-7 short conv
+# and its sliding-window attention (head_dim 128, GQA group 4).
+QUICK: dict[str, tuple[tuple[str, int], ...]] = {
+    "short_conv": (("LFM2-350M", 1), ("LFM3-1.7B", 1)),
+    "cca_conv": (("ZAYA1-8B", 1),),
+    "attention": (("ZAYA1-8B", 1), ("LFM3-1.7B", 1)),
+    "fused_moe": (("ZAYA1-8B", 1),),
 }
 
 
@@ -124,11 +125,11 @@ def parallel_sweep(ranks: list[cc.RankShape], jobs: int, families: list[str]) ->
 def quick_sweep(echo: bool = True, families: list[str] | None = None) -> list[Line]:
     """One configuration per kernel and dtype (decode at the largest batch bucket, prefill)."""
     lines: list[Line] = []
-    for fam, (model, tp) in QUICK.items():
+    for fam, shapes in QUICK.items():
         if families is not None and fam not in families:
             continue
-        rank = cc.rank_shape(model, tp)
-        lines += sweep([rank], cc.DTYPES, True, {fam: cc.FAMILIES[fam]}, echo=echo)
+        ranks = [cc.rank_shape(model, tp) for model, tp in shapes]
+        lines += sweep(ranks, cc.DTYPES, True, {fam: cc.FAMILIES[fam]}, echo=echo)
     return lines
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from shortconv.cache.kv_groups import kv_groups
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.hf.availability import transformers_lacks
 from shortconv.engine.plan import SeqChunk, StepPlan
@@ -50,7 +51,8 @@ def engine_config(enable_graphs: bool = True, **kw: object) -> EngineConfig:
 
 def make_runner(path: Path, enable_graphs: bool = True, **kw: object) -> ModelRunner:
     cfg = ModelConfig.from_dir(path)
-    cap = Capacity(num_slots=NUM_SEQS + 2, num_pages=1 + NUM_SEQS * PAGES_PER_SEQ)
+    pages = 1 + NUM_SEQS * PAGES_PER_SEQ  # every KV group: a sliding one keeps every page here
+    cap = Capacity(NUM_SEQS + 2, pages, (pages,) * (len(kv_groups(cfg)) - 1))
     eng = engine_config(enable_graphs, **kw)
     cpu, f32 = torch.device("cpu"), torch.float32
     return ModelRunner(WorkerSpec(path, cfg, eng, cap, f32, cpu, cfg.max_model_len), SINGLE)
@@ -64,11 +66,18 @@ def graph_runner(runner: ModelRunner, batch_sizes: tuple[int, ...]) -> GraphRunn
     return g
 
 
+def window_groups(runner: ModelRunner) -> int:
+    """The runner's sliding-window KV groups (hand-built plans give each a table)."""
+    return runner.backend.inputs.num_kv_groups - 1
+
+
 @dataclass
 class Seqs:
-    """Hand-driven requests: token history per row, fixed slots and pages."""
+    """Hand-driven requests: token history per row, fixed slots and pages (the same page ids
+    in every sliding-window KV group, none freed: a valid table for any window)."""
 
     tokens: list[list[int]]
+    window_groups: int = 0
     step_id: int = 0
     pages: list[tuple[int, ...]] = field(default_factory=list)
 
@@ -80,7 +89,15 @@ class Seqs:
 
     def prefill(self) -> StepPlan:
         chunks = tuple(
-            SeqChunk(f"r{i}", tuple(t), 0, SLOTS[i], self.pages[i], GREEDY_ROW)
+            SeqChunk(
+                f"r{i}",
+                tuple(t),
+                0,
+                SLOTS[i],
+                self.pages[i],
+                GREEDY_ROW,
+                window_tables=(self.pages[i],) * self.window_groups,
+            )
             for i, t in enumerate(self.tokens)
         )
         return self._plan(chunks)
@@ -94,6 +111,7 @@ class Seqs:
                 SLOTS[i],
                 self.pages[i],
                 GREEDY_ROW,
+                window_tables=(self.pages[i],) * self.window_groups,
             )
             for i in rows
         )
@@ -114,14 +132,18 @@ def padded_step(runner: ModelRunner, plan: StepPlan, batch: int, context: int) -
     and block_tables widened to the bucket's ceil(context / PAGE) pages with scratch page 0
     (the Triton decode kernel's split count comes from that width, and the torch path's dense
     gather spans `context` columns, so the replay and this step must agree on both)."""
-    pad = SeqChunk("pad", (0,), 1, 0, (0,), None)
+    groups = runner.backend.inputs.num_kv_groups
+    pad = SeqChunk("pad", (0,), 1, 0, (0,), None, window_tables=((0,),) * (groups - 1))
     plan = StepPlan(plan.step_id, plan.seqs + (pad,) * (batch - len(plan.seqs)))
-    step = StepInputs(PAGE, runner.device).build(plan)
+    step = StepInputs(PAGE, runner.device, groups).build(plan)
     extra_pages = -(-context // PAGE) - step.block_tables.shape[1]
+
+    def widen(tables: torch.Tensor) -> torch.Tensor:
+        return F.pad(tables, (0, extra_pages), value=0)
+
+    windows = tuple(replace(w, block_tables=widen(w.block_tables)) for w in step.windows)
     return replace(
-        step,
-        max_seq_len=context,
-        block_tables=F.pad(step.block_tables, (0, extra_pages), value=0),
+        step, max_seq_len=context, block_tables=widen(step.block_tables), windows=windows
     )
 
 
@@ -137,24 +159,33 @@ def eager_padded_hidden(
 
 def pool_snapshot(runner: ModelRunner) -> dict[str, torch.Tensor]:
     snap = {k: v.clone() for k, v in runner.pool.states.items()}
-    if runner.pool.k_cache is not None:
-        snap["k"], snap["v"] = runner.pool.k_cache.clone(), runner.pool.v_cache.clone()
+    for key, t in _kv_tensors(runner).items():
+        snap[key] = t.clone()
     return snap
 
 
 def load_pool(runner: ModelRunner, snap: dict[str, torch.Tensor]) -> None:
     for k, v in runner.pool.states.items():
         v.copy_(snap[k])
-    if runner.pool.k_cache is not None:
-        runner.pool.k_cache.copy_(snap["k"])
-        runner.pool.v_cache.copy_(snap["v"])
+    for key, t in _kv_tensors(runner).items():
+        t.copy_(snap[key])
+
+
+def _kv_tensors(runner: ModelRunner) -> dict[str, torch.Tensor]:
+    """Every KV group's K and V: "k", "v" for group 0, "k1", "v1", ... for the others."""
+    out = {}
+    for g, caches in enumerate(runner.pool.kv_caches):
+        if caches is not None:
+            suffix = str(g) if g else ""
+            out["k" + suffix], out["v" + suffix] = caches
+    return out
 
 
 def live_part(snap: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Everything but the scratch slot / scratch page (pad rows may write there)."""
-    out = {k: v[:, 1:] for k, v in snap.items() if k not in ("k", "v")}
-    for k in ("k", "v"):
-        if k in snap:
+    out = {k: v[:, 1:] for k, v in snap.items() if k[0] not in "kv"}
+    for k in snap:
+        if k[0] in "kv":
             out[k] = snap[k][:, PAGE:]
     return out
 

@@ -120,3 +120,23 @@ ZAYA1_8B: dict[str, Any] = {
     "pad_token_id": 0,
     "torch_dtype": "bfloat16",
 }
+
+# LiquidAI/LFM3-1.7B as transformers 5.24's Lfm3Config documents it (its class defaults): 24
+# layers (13 conv of width 7, 5 sliding-window attention of 256, 6 full attention), 16 query /
+# 4 KV heads of 128, gated attention and sandwich norms, a dense MLP of 7680.
+LFM3_1_7B: dict[str, Any] = {
+    "architectures": ["Lfm3ForCausalLM"],
+    "model_type": "lfm3",
+    "vocab_size": 128000,
+    "hidden_size": 2048,
+    "intermediate_size": 7680,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "conv_L_cache": 7,
+    "sliding_window": 256,
+    "max_position_embeddings": 128000,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}

@@ -11,6 +11,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from shortconv.cache.kv_groups import kv_specs
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.support import check_support
 from shortconv.engine.executor import BaseExecutor, ExecutorError
@@ -55,7 +56,7 @@ def check_tp_shards(model_cfg: ModelConfig, engine_cfg: EngineConfig, tp_size: i
         with torch.device("meta"):
             cls(model_cfg, tp)
         cls.state_specs(model_cfg, tp)
-        cls.kv_spec(model_cfg, tp, engine_cfg, 2)
+        kv_specs(model_cfg, tp, engine_cfg.kv_page_size, 2)
     except ConfigError:
         raise
     except ValueError as exc:

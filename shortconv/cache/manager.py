@@ -14,19 +14,26 @@ stays as an LRU entry. Without it the same tree holds sessions' checkpoints only
 request alone is looked up (among its own pins) and checkpointed (end of prompt, end of
 generation), and an entry is dropped as soon as nothing pins it.
 
-NOTE: `grow` is the one place a request gains KV pages and `release` the one place it loses
-them; a sliding-window layer's pages (LFM3) would leave in `grow` once they leave every window.
+KV pages come in groups (`kv_groups`): group 0 holds every full-attention layer's pages and
+each sliding-window group its own (`window_pages`); a request holds one page list per group,
+indexed alike, and a checkpoint keeps its windows' pages next to its slot.
+
+NOTE: `grow` is the one place a request gains KV pages, and where a sliding group's pages leave
+once they are wholly before the window of the request's next chunk; `release` is the one place
+a request loses all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
+from shortconv.cache.page_tables import PageCopy, PageTables
 from shortconv.cache.prefix_cache import CacheEntry, CacheHit, PrefixCache
 from shortconv.cache.sessions import SessionPins
+from shortconv.cache.window_pages import WindowGroup
 
 Copy = tuple[str, int, int]  # (request id, src, dst)
 
@@ -39,7 +46,8 @@ class Holder(Protocol):
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     slot: int | None
-    pages: list[int]
+    pages: list[int]  # KV group 0 (full attention)
+    window_pages: list[list[int]]  # one list per sliding-window group, scratch 0 behind it
     num_computed: int  # tokens folded into the slot's state and the KV pages
     num_cached_tokens: int  # prompt tokens resumed from a checkpoint
     looked_up: bool  # the lookup is counted once, at the first admission
@@ -56,12 +64,15 @@ class StepCopies:
     preempted request's slots were freed, maybe handed out again)."""
 
     before: list[Copy] = field(default_factory=list)  # checkpoint -> a resuming request's slot
-    pages: list[Copy] = field(default_factory=list)  # a partly filled cached page, on write
+    pages: list[PageCopy] = field(default_factory=list)  # a partly filled cached page, on write
     after: list[Copy] = field(default_factory=list)  # a chunk's end state -> checkpoint slot
 
     @staticmethod
     def planned(group: list[Copy], planned: Container[str]) -> tuple[tuple[int, int], ...]:
         return tuple((src, dst) for rid, src, dst in group if rid in planned)
+
+    def planned_pages(self, planned: Container[str]) -> tuple[tuple[int, int, int], ...]:
+        return tuple((g, src, dst) for rid, g, src, dst in self.pages if rid in planned)
 
 
 class CacheManager:
@@ -74,10 +85,15 @@ class CacheManager:
         prefix_caching: bool,
         checkpoint_interval: int,
         session_ttl_s: float,
+        windows: Sequence[WindowGroup] = (),
     ) -> None:
         self.slots, self.pages, self.page_size = slots, pages, page_size
+        self.windows = tuple(windows)  # the sliding-window KV groups, 1.. (group 0: `pages`)
         self.prefix_caching, self.checkpoint_interval = prefix_caching, checkpoint_interval
-        self.tree = PrefixCache(page_size, slots, pages, lambda e: self.sessions.entry_evicted(e))
+        self.tree = PrefixCache(
+            page_size, slots, pages, lambda e: self.sessions.entry_evicted(e), self.windows
+        )
+        self.kv = PageTables(pages, self.windows, page_size, lambda need: self.tree.evict(need))
         self.sessions = SessionPins(session_ttl_s, self._let_go)
 
     # ---- admission ----------------------------------------------------------------------
@@ -85,41 +101,38 @@ class CacheManager:
         """Give a waiting request (it holds nothing) a slot and the pages of its next chunk,
         resuming it from the deepest usable checkpoint. Returns the chunk's tokens; 0: no room,
         and it holds nothing again (the tree still holds what a resume copied)."""
-        resumed = self._resume(req)
+        slot_copy, page_copies = self._resume(req)
         n = min(len(req.all_token_ids) - req.num_computed, budget)
         if req.slot is None:
             req.slot = self._alloc_slot()
         if req.slot is None or not self.grow(req, req.num_computed + n):
             self.forget(req)
             return 0
-        copies.before += resumed[:1]
-        copies.pages += resumed[1:]
+        copies.before += slot_copy
+        copies.pages += page_copies
         self._count_lookup(req)
         return n
 
-    def _resume(self, req: Holder) -> tuple[Copy, ...]:
-        """Take over a checkpoint: its slot copy and (mid-page) page copy, or () (no hit, or no
-        room: the request runs fresh)."""
+    def _resume(self, req: Holder) -> tuple[tuple[Copy, ...], tuple[PageCopy, ...]]:
+        """Take over a checkpoint: its slot copy and (mid-page) one page copy per KV group, or
+        nothing (no hit, or no room: the request runs fresh)."""
         hit = self._lookup(req)
         if hit is None:
-            return ()
+            return (), ()
         # NOTE: take the page references first: the allocations below may evict the entry.
-        req.pages = list(hit.full_pages)
-        self.pages.share(req.pages)
+        self.kv.share_hit(req, hit)
         req.slot = self._alloc_slot()
-        if req.slot is None:
+        # A mid-page hit: one fresh page per group for the copy of the partly filled one.
+        if req.slot is None or (
+            hit.partial_page is not None and not self.grow(req, hit.num_tokens)
+        ):
             self.forget(req)
-            return ()
-        copies: tuple[Copy, ...] = ((req.request_id, hit.slot, req.slot),)
-        if hit.partial_page is not None:  # one fresh page for the copy of the partial one
-            if not self.grow(req, hit.num_tokens):
-                self.forget(req)
-                return ()
-            copies += ((req.request_id, hit.partial_page, req.pages[-1]),)
+            return (), ()
+        pages = self.kv.partial_copies(req, hit) if hit.partial_page is not None else ()
         req.num_computed = hit.num_tokens
         if not req.output_token_ids:
             req.num_cached_tokens = min(hit.num_tokens, len(req.prompt_token_ids))
-        return copies
+        return ((req.request_id, hit.slot, req.slot),), pages
 
     def _lookup(self, req: Holder) -> CacheHit | None:
         if self.prefix_caching:
@@ -148,17 +161,9 @@ class CacheManager:
 
     # ---- slots and pages ------------------------------------------------------------------
     def grow(self, req: Holder, num_tokens: int) -> bool:
-        """Give req the pages to cover num_tokens (all or none), evicting cached entries LRU."""
-        extra = -(-num_tokens // self.page_size) - len(req.pages)
-        if extra <= 0:
-            return True
-        got = self.pages.alloc(extra)
-        while got is None and self.tree.evict("page"):
-            got = self.pages.alloc(extra)
-        if got is None:
-            return False
-        req.pages.extend(got)
-        return True
+        """Give req the pages to cover num_tokens in every KV group (all or none; see
+        `PageTables.grow`: a sliding group's pages behind the window go back first)."""
+        return self.kv.grow(req, num_tokens)
 
     def _alloc_slot(self) -> int | None:
         slot = self.slots.alloc()
@@ -205,7 +210,7 @@ class CacheManager:
         plen = len(req.prompt_token_ids)
         for q, slot in req.pending_ckpts:
             # NOTE: checkpoints are at prompt positions only (q <= len(prompt)).
-            entry = self.tree.insert(req.prompt_token_ids[:q], req.pages, slot)
+            entry = self.tree.insert(req.prompt_token_ids[:q], req.pages, slot, req.window_pages)
             if q == plen and req.session_id is not None:
                 req.prompt_entry = entry
         req.pending_ckpts.clear()
@@ -219,7 +224,7 @@ class CacheManager:
         n = req.num_computed
         keep = self.prefix_caching or req.session_id is not None
         if completed and keep and req.slot is not None and n:
-            entry = self.tree.insert(req.all_token_ids[:n], req.pages, req.slot)
+            entry = self.tree.insert(req.all_token_ids[:n], req.pages, req.slot, req.window_pages)
             req.slot = None
             if req.session_id is not None:
                 self.sessions.keep(req.session_id, [entry, req.prompt_entry])
@@ -236,9 +241,7 @@ class CacheManager:
         if req.slot is not None:
             self.slots.free(req.slot)
             req.slot = None
-        if req.pages:
-            self.pages.free(req.pages)
-            req.pages = []
+        self.kv.release(req)
 
     def _let_go(self, entry: CacheEntry) -> None:
         """An entry its holder let go: nothing else pinning it, it stays as an LRU entry with

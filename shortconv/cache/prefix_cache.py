@@ -23,11 +23,13 @@ Pure Python, owned by the cache manager (`manager.py`); slot and page ids are th
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
+from shortconv.cache.window_pages import WindowGroup, release_windows, take_windows
 
 
 @dataclass(eq=False)
@@ -43,6 +45,8 @@ class CacheEntry:
     tails: dict[tuple[int, ...], CacheEntry] = field(default_factory=dict)
     pins: int = 0  # sessions holding this checkpoint (evicted only after unpinned entries)
     is_tail: bool = False
+    # With the checkpoint: each sliding-window group's pages a resume reads (`window_pages`).
+    windows: tuple[tuple[int, ...], ...] = ()
 
     def position(self, page_size: int) -> int:
         """Tokens covered by this entry's checkpoint."""
@@ -57,13 +61,16 @@ class CacheEntry:
 @dataclass(frozen=True)
 class CacheHit:
     """Where a request resumes: `num_tokens` covered, the checkpoint slot to copy from, the full
-    pages to share, and (a mid-page checkpoint) the partly filled page to copy on write."""
+    pages to share, and (a mid-page checkpoint) the partly filled page to copy on write; per
+    sliding-window group, the pages of the window before `num_tokens` (`window_span`; the last
+    one partly filled, and copied on write too, when the checkpoint is mid-page)."""
 
     num_tokens: int
     slot: int
     full_pages: tuple[int, ...]
     partial_page: int | None
     entry: CacheEntry
+    windows: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -82,9 +89,11 @@ class PrefixCache:
         slots: SlotAllocator,
         pages: PageAllocator,
         on_evict_pinned: Callable[[CacheEntry], None] | None = None,
+        windows: Sequence[WindowGroup] = (),
     ) -> None:
         self.page_size = page_size
         self.slots, self.pages = slots, pages
+        self.windows = tuple(windows)
         self.root = CacheEntry((), -1, None, 0)
         self.counters = CacheCounters()
         self.num_checkpoints = 0
@@ -104,7 +113,7 @@ class PrefixCache:
         ps, n = self.page_size, len(tokens)
         node, pos, path = self.root, 0, []
         best: tuple[CacheEntry, tuple[int, ...]] | None = None
-        ok = usable or (lambda _: True)
+        ok = functools.partial(self._resumable, usable=usable)
         while True:
             if node.slot is not None and 0 < pos < n and ok(node):
                 best = (node, tuple(path))
@@ -126,7 +135,13 @@ class PrefixCache:
         full = pages[: covered // ps]
         partial = entry.page if entry.is_tail else None
         assert entry.slot is not None
-        return CacheHit(covered, entry.slot, full, partial, entry)
+        return CacheHit(covered, entry.slot, full, partial, entry, entry.windows)
+
+    def _resumable(
+        self, entry: CacheEntry, usable: Callable[[CacheEntry], bool] | None = None
+    ) -> bool:
+        # NOTE: a checkpoint without every window's pages cannot be resumed: never match it.
+        return len(entry.windows) == len(self.windows) and (usable is None or usable(entry))
 
     def find(self, tokens: Sequence[int]) -> CacheEntry | None:
         """The entry whose checkpoint covers exactly `tokens`, if there is one."""
@@ -139,17 +154,29 @@ class PrefixCache:
         return node.tails.get(tuple(tokens[len(tokens) - rest :]))
 
     # ---- insertion ----------------------------------------------------------------------
-    def insert(self, tokens: Sequence[int], pages: Sequence[int], slot: int) -> CacheEntry:
-        """Checkpoint `slot` (the state after `tokens`) whose KV lies in `pages`.
+    def insert(
+        self,
+        tokens: Sequence[int],
+        pages: Sequence[int],
+        slot: int,
+        window_tables: Sequence[Sequence[int]] = (),
+    ) -> CacheEntry | None:
+        """Checkpoint `slot` (the state after `tokens`) whose KV lies in `pages` (and, per
+        sliding-window group, in `window_tables`).
 
         The cache takes ownership of `slot` (freed at once when the same checkpoint is already
-        held) and takes its own reference on every page it keeps.
+        held, or when a window page it needs was freed: None, nothing kept) and takes its own
+        reference on every page it keeps.
         """
         ps = self.page_size
         if not tokens:
             raise ValueError("a checkpoint covers at least one token")
         if len(pages) < -(-len(tokens) // ps):
             raise ValueError(f"{len(pages)} pages cannot hold {len(tokens)} tokens")
+        windows = take_windows(window_tables, len(tokens), self.windows, ps)
+        if windows is None:
+            self.slots.free(slot)
+            return None
         node = self._walk(tokens, create=pages)
         assert node is not None
         rest = len(tokens) % ps
@@ -164,10 +191,11 @@ class PrefixCache:
         else:
             entry = node
         if entry.slot is None:
-            entry.slot = slot
+            entry.slot, entry.windows = slot, windows
             self.num_checkpoints += 1
         else:
             self.slots.free(slot)
+            release_windows(windows, self.windows)
         self._touch(entry)
         return entry
 
@@ -229,7 +257,8 @@ class PrefixCache:
     def _drop(self, entry: CacheEntry, whole: bool) -> None:
         if entry.slot is not None:
             self.slots.free(entry.slot)
-            entry.slot = None
+            release_windows(entry.windows, self.windows)
+            entry.slot, entry.windows = None, ()
             self.num_checkpoints -= 1
         if not whole:
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,29 +27,34 @@ class StateSpec:
 
 @dataclass(frozen=True)
 class KVSpec:
+    """One KV group's pages (`cache.kv_groups`): its layers, shard and page count."""
+
     layer_ids: tuple[int, ...]
     num_kv_heads: int  # this rank's shard
     head_dim: int
     page_size: int
     num_pages: int
+    window: int = 0  # the group's attention window (0: the whole context)
 
     def bytes_per_page(self, itemsize: int) -> int:
-        """What one KV page (K and V, every attention layer) costs this rank."""
+        """What one KV page (K and V, every layer of the group) costs this rank."""
         return (
             2 * len(self.layer_ids) * self.page_size * self.num_kv_heads * self.head_dim * itemsize
         )
 
 
 class StatePool:
-    """`states[name]` is `[n_layers, n_slots, *shape]`; KV is `[n_attn_layers, pages*page, Hk, d]`.
+    """`states[name]` is `[n_layers, n_slots, *shape]`; each KV group's K and V are
+    `[n_group_layers, pages*page, Hk, d]` (`cache.kv_groups`: group 0 full, then one per window).
 
-    NOTE: slot 0 and page 0 are scratch: padded rows read and write there, never a live slot.
+    NOTE: slot 0 and page 0 of every group are scratch: padded rows read and write there, never
+    a live slot.
     """
 
     def __init__(
         self,
         specs: list[StateSpec],
-        kv: KVSpec | None,
+        kv: KVSpec | Sequence[KVSpec] | None,
         num_slots: int,
         dtype: torch.dtype,
         device: torch.device,
@@ -62,43 +68,70 @@ class StatePool:
                 (len(spec.layer_ids), num_slots, *spec.shape), dtype=dtype, device=device
             )
             self._layer_pos[spec.name] = {lid: i for i, lid in enumerate(spec.layer_ids)}
-        self.kv_spec = kv
-        self.k_cache: torch.Tensor | None = None
-        self.v_cache: torch.Tensor | None = None
-        self._kv_pos: dict[int, int] = {}
-        if kv is not None and kv.layer_ids:
-            shape = (len(kv.layer_ids), kv.num_pages * kv.page_size, kv.num_kv_heads, kv.head_dim)
-            self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-            self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-            self._kv_pos = {lid: i for i, lid in enumerate(kv.layer_ids)}
+        self.kv_specs: tuple[KVSpec, ...] = (kv,) if isinstance(kv, KVSpec) else tuple(kv or ())
+        # Per group: (K, V), or None for a group without layers.
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        self._kv_pos: dict[int, tuple[int, int]] = {}  # layer -> (group, index in the group)
+        for g, spec in enumerate(self.kv_specs):
+            self.kv_caches.append(_kv_tensors(spec, dtype, device) if spec.layer_ids else None)
+            self._kv_pos.update({lid: (g, i) for i, lid in enumerate(spec.layer_ids)})
+
+    @property
+    def kv_spec(self) -> KVSpec | None:
+        """Group 0's spec (the full-attention group)."""
+        return self.kv_specs[0] if self.kv_specs else None
+
+    @property
+    def k_cache(self) -> torch.Tensor | None:
+        """Group 0's K (every layer of a model without sliding windows)."""
+        return self.kv_caches[0][0] if self.kv_caches and self.kv_caches[0] else None
+
+    @property
+    def v_cache(self) -> torch.Tensor | None:
+        return self.kv_caches[0][1] if self.kv_caches and self.kv_caches[0] else None
 
     def state(self, name: str, layer_id: int) -> torch.Tensor:
         """`[n_slots, *shape]` view of one layer's state of kind `name`."""
         return self.states[name][self._layer_pos[name][layer_id]]
 
+    def kv_group_of(self, layer_id: int) -> int:
+        """The KV group an attention layer's pages belong to."""
+        return self._kv_pos[layer_id][0]
+
     def kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat `[pages*page_size, Hk, d]` K and V views of one attention layer."""
-        assert self.k_cache is not None and self.v_cache is not None
-        pos = self._kv_pos[layer_id]
-        return self.k_cache[pos], self.v_cache[pos]
+        """Flat `[pages*page_size, Hk, d]` K and V views of one attention layer (its group's)."""
+        g, pos = self._kv_pos[layer_id]
+        caches = self.kv_caches[g]
+        assert caches is not None
+        return caches[0][pos], caches[1][pos]
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every state kind from slots `src` to slots `dst` (int64 device tensors)."""
         for t in self.states.values():
             t[:, dst] = t[:, src]
 
-    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy whole KV pages `src` to `dst` (int64 device tensors) in every attention layer."""
-        if self.k_cache is None or self.v_cache is None or self.kv_spec is None:
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor, group: int = 0) -> None:
+        """Copy whole KV pages `src` to `dst` (int64 device tensors) of one group, every layer."""
+        caches = self.kv_caches[group] if group < len(self.kv_caches) else None
+        if caches is None:
             return
-        ps = self.kv_spec.page_size
-        for t in (self.k_cache, self.v_cache):
+        ps = self.kv_specs[group].page_size
+        for t in caches:
             paged = t.view(t.shape[0], -1, ps, *t.shape[2:])
             paged[:, dst] = paged[:, src]
 
     def nbytes(self) -> int:
         total = sum(t.numel() * t.element_size() for t in self.states.values())
-        for t in (self.k_cache, self.v_cache):
-            if t is not None:
+        for caches in self.kv_caches:
+            for t in caches or ():
                 total += t.numel() * t.element_size()
         return total
+
+
+def _kv_tensors(
+    spec: KVSpec, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (len(spec.layer_ids), spec.num_pages * spec.page_size, spec.num_kv_heads, spec.head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(
+        shape, dtype=dtype, device=device
+    )

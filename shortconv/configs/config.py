@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from shortconv.configs.hf import model_fields
+from shortconv.configs.hf.common import RopeSpec
 from shortconv.errors import ConfigError
 
 _DTYPES = {
@@ -65,6 +66,12 @@ class ModelConfig:
     # Sliding-window attention (LFM3): a "sliding_attention" layer's query at position p sees
     # the keys at positions (p - sliding_window, p]; 0 when the model has no such layer.
     sliding_window: int = 0
+    # LFM3: RoPE per attention layer kind where it differs from (rope_theta, rotary_dim) (see
+    # rope_of), a per-head sigmoid output gate on attention (`g_proj`), and a norm on each
+    # operator's and MLP's output before the residual add (`post_operator_norm`, `post_ffn_norm`).
+    rope_by_kind: tuple[tuple[str, RopeSpec], ...] = ()
+    attention_gate: bool = False
+    sandwich_norm: bool = False
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -80,6 +87,10 @@ class ModelConfig:
     def window_of(self, layer_id: int) -> int:
         """The attention window of a layer in tokens; 0 means the whole context."""
         return self.sliding_window if self.layer_types[layer_id] == "sliding_attention" else 0
+
+    def rope_of(self, kind: str) -> RopeSpec:
+        """The RoPE of attention layers of `kind` ("attention", "sliding_attention")."""
+        return dict(self.rope_by_kind).get(kind, RopeSpec(self.rope_theta, self.rotary_dim))
 
     @property
     def conv_layer_ids(self) -> tuple[int, ...]:

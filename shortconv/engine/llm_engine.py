@@ -8,6 +8,7 @@ import time
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.sessions import SessionPins
+from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.outputs import FinishReason, RequestOutput
@@ -54,6 +55,7 @@ class LLMEngine:
             ),
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),
+            window_groups(self.model_cfg, self.capacity.window_pages),
         )
         hf = self.tokenizer.hf if self.tokenizer is not None else None
         self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))

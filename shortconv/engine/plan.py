@@ -15,11 +15,19 @@ class SeqChunk:
     token_ids: tuple[int, ...]
     start_pos: int  # tokens already folded into this slot's state (0: fresh state)
     slot: int
-    block_table: tuple[int, ...]  # KV pages covering positions [0, start_pos + len)
+    block_table: tuple[int, ...]  # KV group 0's pages covering positions [0, start_pos + len)
     sampling: SamplingRow | None  # set when this chunk ends the prompt or is a decode step
     # Prefix-cache checkpoints inside the chunk: (tokens of this chunk folded in, 1..len-1;
     # destination slot). The chunk's end state is checkpointed by `copies_after` instead.
     checkpoints: tuple[tuple[int, int], ...] = ()
+    # The sliding-window KV groups' tables (`cache.kv_groups` 1..), as long as `block_table`;
+    # a page wholly before the window is scratch page 0.
+    window_tables: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def tables(self) -> tuple[tuple[int, ...], ...]:
+        """One block table per KV group."""
+        return (self.block_table, *self.window_tables)
 
     @property
     def num_tokens(self) -> int:
@@ -34,7 +42,8 @@ class SeqChunk:
 class StepPlan:
     """Everything a rank needs for one forward, as (src, dst) id pairs around it:
     `copies_before` copies state slots (a request resuming from a prefix-cache checkpoint) and
-    `page_copies` KV pages (copy on write of a cached, partly filled page) before the forward;
+    `page_copies` KV pages (copy on write of a cached, partly filled page; (group, src, dst),
+    the group being the KV group of `cache.kv_groups`) before the forward;
     `copies_after` snapshots slots after it (a checkpoint at the end of a chunk). A resumed
     session is the same copy, with or without prefix caching.
 
@@ -45,7 +54,12 @@ class StepPlan:
     seqs: tuple[SeqChunk, ...]
     copies_after: tuple[tuple[int, int], ...] = ()
     copies_before: tuple[tuple[int, int], ...] = ()
-    page_copies: tuple[tuple[int, int], ...] = ()
+    page_copies: tuple[tuple[int, int, int], ...] = ()
+
+    def page_copies_by_group(self) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+        """`page_copies` as (group, its (src, dst) pairs), one entry per group that has any."""
+        groups = sorted({g for g, _, _ in self.page_copies})
+        return [(g, tuple((s, d) for gg, s, d in self.page_copies if gg == g)) for g in groups]
 
     @property
     def num_tokens(self) -> int:

@@ -27,7 +27,10 @@ class Request:
     output_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
     status: Status = Status.WAITING
     slot: int | None = None
-    pages: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)  # KV group 0's (full attention)
+    # One list per sliding-window KV group (LFM3), indexed like `pages`; scratch page 0 for the
+    # pages freed behind the window.
+    window_pages: list[list[int]] = field(default_factory=list)
     num_computed: int = 0  # tokens already folded into the slot's state and KV pages
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None

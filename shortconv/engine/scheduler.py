@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.manager import CacheManager, StepCopies
+from shortconv.cache.window_pages import WindowGroup
 from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
@@ -29,7 +31,13 @@ class Scheduler:
     """Admits, chunks, preempts and finishes requests; their slots, pages, checkpoints and
     session pins are the cache manager's, asked on every path (finish, abort, preempt free)."""
 
-    def __init__(self, cfg: SchedulerConfig, slots: SlotAllocator, pages: PageAllocator):
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        slots: SlotAllocator,
+        pages: PageAllocator,
+        windows: Sequence[WindowGroup] = (),
+    ):
         self.cfg = cfg
         self.cache_manager = CacheManager(
             slots,
@@ -38,6 +46,7 @@ class Scheduler:
             prefix_caching=cfg.enable_prefix_caching,
             checkpoint_interval=cfg.checkpoint_interval,
             session_ttl_s=cfg.session_ttl_s,
+            windows=windows,
         )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -107,7 +116,7 @@ class Scheduler:
             tuple(chunks[rid] for rid in order),
             copies_after=copies.planned(copies.after, chunks),
             copies_before=copies.planned(copies.before, chunks),
-            page_copies=copies.planned(copies.pages, chunks),
+            page_copies=copies.planned_pages(chunks),
         )
 
     def _chunk(self, req: Request, n: int, copies: StepCopies) -> SeqChunk:
@@ -123,6 +132,7 @@ class Scheduler:
             block_table=tuple(req.pages),
             sampling=sampling,
             checkpoints=self.cache_manager.plan_checkpoints(req, start, n, copies),
+            window_tables=tuple(tuple(t) for t in req.window_pages),
         )
 
     def _preempt(self, req: Request) -> None:

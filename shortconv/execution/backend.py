@@ -9,7 +9,7 @@ touch the pool's bookkeeping and never re-derive per-step indices per layer.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -48,12 +48,14 @@ class ShortConvMetadata:
 
 @dataclass(frozen=True)
 class AttentionMetadata:
-    """An attention layer's view: its flat KV pages plus the step's gather/scatter indices."""
+    """An attention layer's view: its KV group's flat pages, the step's indices with that
+    group's `slot_mapping` and `block_tables`, and the group's window (0: the whole context)."""
 
     k_cache: torch.Tensor  # [pages*page_size, Hk, d]
     v_cache: torch.Tensor
     step: StepTensors
     scratch: StepScratch | None = None  # the backend's reusable buffers (CPU kernels use them)
+    window: int = 0
 
 
 class BaseStateBackend(ABC):
@@ -86,8 +88,10 @@ class ShortConvBackend(BaseStateBackend):
         self.extra_state = extra_state  # name of the second per-layer state, if the model has one
         self.num_resolutions = 0  # NOTE: tests count this to prove once-per-step resolution
         self._step: StepTensors | None = None
+        self._group_steps: tuple[StepTensors, ...] = ()
         # The one builder of step inputs: eager steps and the graph runner's buckets share it.
-        self.inputs = StepInputs(pool.kv_spec.page_size if pool.kv_spec else 1, device)
+        page_size = pool.kv_spec.page_size if pool.kv_spec else 1
+        self.inputs = StepInputs(page_size, device, max(1, len(pool.kv_specs)))
         self.scratch = StepScratch()
 
     def begin_step(self, plan: StepPlan) -> StepTensors:
@@ -99,6 +103,12 @@ class ShortConvBackend(BaseStateBackend):
         """Make `step` the current step (graph replay binds its bucket's step here)."""
         self.num_resolutions += 1
         self._step = step
+        # Each sliding-window group's view of the step: the same tensors but its own KV indices
+        # (the same buffer objects on every replay, so a captured graph reads them in place).
+        self._group_steps = (step,) + tuple(
+            replace(step, slot_mapping=w.slot_mapping, block_tables=w.block_tables)
+            for w in step.windows
+        )
         self.scratch.new_step()
 
     @property
@@ -122,4 +132,12 @@ class ShortConvBackend(BaseStateBackend):
 
     def attention_metadata(self, layer_id: int) -> AttentionMetadata:
         k, v = self.pool.kv(layer_id)
-        return AttentionMetadata(k_cache=k, v_cache=v, step=self.step, scratch=self.scratch)
+        group = self.pool.kv_group_of(layer_id)
+        step = self.step  # raises when no step is bound
+        return AttentionMetadata(
+            k_cache=k,
+            v_cache=v,
+            step=self._group_steps[group] if group else step,
+            scratch=self.scratch,
+            window=self.pool.kv_specs[group].window,
+        )

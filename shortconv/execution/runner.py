@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from shortconv.cache.kv_groups import kv_specs
 from shortconv.cache.state_pool import StatePool
 from shortconv.configs.support import check_support
 from shortconv.engine.plan import StepPlan, StepResult
@@ -47,7 +48,7 @@ class ModelRunner:
                     tp.rank,
                     added / 2**20,
                 )
-        kv = cls.kv_spec(model_cfg, tp, engine_cfg, spec.capacity.num_pages)
+        kv = kv_specs(model_cfg, tp, engine_cfg.kv_page_size, spec.capacity.pages_per_group)
         specs = cls.state_specs(model_cfg, tp)
         self.pool = StatePool(specs, kv, spec.capacity.num_slots, dtype, device)
         self.backend = ShortConvBackend(self.pool, device, cls.extra_state_name)
@@ -66,8 +67,8 @@ class ModelRunner:
         """Run one step; rank 0 returns the sampled tokens, other ranks return None."""
         if plan.copies_before:  # before either path: a resumed row reads its copied state
             self._copy(plan.copies_before)
-        if plan.page_copies:
-            self.pool.copy_pages(self._ids(plan.page_copies, 0), self._ids(plan.page_copies, 1))
+        for group, pairs in plan.page_copies_by_group():
+            self.pool.copy_pages(self._ids(pairs, 0), self._ids(pairs, 1), group)
         if self.graphs is not None and plan.seqs and plan.is_decode:
             decoded = self.graphs.run(plan)
             hidden_rows, used_graph = decoded.hidden, decoded.used_graph
@@ -100,6 +101,7 @@ class ModelRunner:
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         shapes = {k: tuple(v.shape) for k, v in self.pool.states.items()}
-        if self.pool.k_cache is not None:
-            shapes["kv"] = tuple(self.pool.k_cache.shape)
+        for g, caches in enumerate(self.pool.kv_caches):
+            if caches is not None:
+                shapes["kv" if g == 0 else f"kv{g}"] = tuple(caches[0].shape)
         return shapes

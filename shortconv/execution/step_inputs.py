@@ -4,12 +4,15 @@
 
 * `_write` (host): the plan's primary fields, padded with scratch rows up to the row count
   (a graph bucket's; an eager step has none), into ONE flat int64 staging block, then one copy
-  to the device block. Layout (`_Layout`): input_ids, positions, token_seq_index,
-  slot_mapping [T]; cache_indices, seq_lens, has_initial_state [B]; query_start_loc [B+1];
-  logits_indices [S]; the table width w; the compact block table [B, w] (only the pages the
-  plan's longest context covers, so a wide bucket costs a short step nothing extra).
-* `derive` (device, no host reads, fixed shapes: capturable): block_tables int32 [B, P] (the
-  compact table expanded, page 0 past w), has_initial_state (bool), query_start_loc (int32).
+  to the device block. Layout (`step_layout.StepLayout`): input_ids, positions,
+  token_seq_index, slot_mapping [T]; cache_indices, seq_lens, has_initial_state [B];
+  query_start_loc [B+1]; logits_indices [S]; the table width w; the compact block table [B, w]
+  (only the pages the plan's longest context covers, so a wide bucket costs a short step
+  nothing extra); then per sliding-window KV group (`cache.kv_groups` 1..) its slot_mapping
+  [T] and compact table [B, w] (the same w).
+* `derive` (device, no host reads, fixed shapes: capturable): block_tables int32 [B, P] of
+  every KV group (the compact table expanded, page 0 past w), has_initial_state (bool),
+  query_start_loc (int32).
   The graph runner calls it INSIDE the captured region, so no replay reads a stale (or
   uninitialised) derived buffer.
 
@@ -24,16 +27,15 @@ scratch slot and page, never in a live request's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 
 import torch
 
 from shortconv.engine.plan import SeqChunk, StepPlan
 from shortconv.execution.state_checkpoints import build_state_checkpoints
-from shortconv.execution.step_tensors import StateCheckpoints, StepTensors
+from shortconv.execution.step_layout import StepLayout, cdiv, check_tables, host_values
+from shortconv.execution.step_tensors import StateCheckpoints, StepTensors, WindowTables
 
 _Fields = dict[str, torch.Tensor]  # a step's primary fields, views of one flat block
-_FIELDS = ("ids", "pos", "tok", "kv", "slot", "len", "init", "qsl", "logits", "width", "tables")
 
 
 @dataclass(frozen=True)
@@ -44,29 +46,11 @@ class DecodeShape:
     context: int
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """A step's extents: T tokens, B rows, S sampled rows, P block-table columns."""
-
-    tokens: int
-    seqs: int
-    sampled: int
-    pages: int
-
-    def sizes(self) -> list[int]:
-        t, b = self.tokens, self.seqs
-        return [t, t, t, t, b, b, b, b + 1, self.sampled, 1, b * self.pages]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class StepInputs:
     """The step's persistent input buffers on `device`, grown on demand until `freeze`."""
 
-    def __init__(self, page_size: int, device: torch.device) -> None:
-        self.page_size, self.device = page_size, device
+    def __init__(self, page_size: int, device: torch.device, num_kv_groups: int = 1) -> None:
+        self.page_size, self.device, self.num_kv_groups = page_size, device, num_kv_groups
         self._cap = (0, 0, 0)  # tokens, seqs, pages
         self._frozen = False
         self._copy_done: torch.cuda.Event | None = None
@@ -78,14 +62,14 @@ class StepInputs:
         """Grow the buffers to hold steps of these extents. A graph runner calls it before it
         captures; growing invalidates graphs captured earlier over these buffers."""
         self._frozen = False
-        self._fit(_Layout(tokens, seqs, 0, _cdiv(context, self.page_size)), headroom=False)
+        self._fit(self._layout(tokens, seqs, 0, cdiv(context, self.page_size)), headroom=False)
 
     def freeze(self) -> None:
         """NOTE: captured graphs read these addresses; from now on a step that does not fit
         raises instead of reallocating under them."""
         self._frozen = True
 
-    def _fit(self, layout: _Layout, headroom: bool = True) -> None:
+    def _fit(self, layout: StepLayout, headroom: bool = True) -> None:
         want = (layout.tokens, layout.seqs, layout.pages)
         if all(w <= c for w, c in zip(want, self._cap, strict=True)):
             return
@@ -98,7 +82,7 @@ class StepInputs:
     def _alloc(self, tokens: int, seqs: int, pages: int) -> None:
         self._cap = (tokens, seqs, pages)
         dev, pin = self.device, self.device.type == "cuda"
-        n = sum(_Layout(tokens, seqs, seqs, pages).sizes())
+        n = sum(self._layout(tokens, seqs, seqs, pages).sizes())
         # Pinned staging makes the copy asynchronous; its reuse waits on _copy_done.
         self.primary_host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
         self.primary = (
@@ -110,7 +94,8 @@ class StepInputs:
         self.has_initial_state_host = torch.zeros(seqs, dtype=torch.bool)
         self.query_start_loc = torch.zeros(seqs + 1, dtype=torch.int32, device=dev)
         self.has_initial_state = torch.zeros(seqs, dtype=torch.bool, device=dev)
-        self.block_tables = torch.zeros(seqs * pages, dtype=torch.int32, device=dev)
+        groups = self.num_kv_groups
+        self.block_tables = torch.zeros(groups * seqs * pages, dtype=torch.int32, device=dev)
         # NOTE: a capture-time constant (like the weights), not per-step metadata.
         self._arange = torch.arange(max(seqs + 1, pages), device=dev)
         self._graph_steps.clear()
@@ -121,11 +106,11 @@ class StepInputs:
         seqs = plan.seqs
         if not seqs:
             raise ValueError("empty step plan")
-        _check_tables(seqs, self.page_size)
+        check_tables(seqs, self.page_size, self.num_kv_groups)
         max_l = max(s.start_pos + s.num_tokens for s in seqs)
         sampled = sum(s.sampling is not None for s in seqs)
         n_tokens = sum(s.num_tokens for s in seqs)
-        layout = _Layout(n_tokens, len(seqs), sampled, _cdiv(max_l, self.page_size))
+        layout = self._layout(n_tokens, len(seqs), sampled, cdiv(max_l, self.page_size))
         self._fit(layout)
         host = self._write(seqs, layout, graph=False)
         dev = host if self.primary is self.primary_host else self._split(self.primary, layout)
@@ -166,7 +151,7 @@ class StepInputs:
         seqs = plan.seqs if plan is not None else ()
         if len(seqs) > shape.batch or any(s.num_tokens != 1 or s.start_pos < 1 for s in seqs):
             raise ValueError(f"not a decode plan of at most {shape.batch} rows")
-        _check_tables(seqs, self.page_size)
+        check_tables(seqs, self.page_size, self.num_kv_groups)
         for s in seqs:
             if s.start_pos + 1 > shape.context:
                 raise ValueError(
@@ -181,17 +166,20 @@ class StepInputs:
         step, dev = self._graph(shape)
         self._derive(step, dev, known_width=False)
 
-    def _graph_layout(self, shape: DecodeShape) -> _Layout:
+    def _graph_layout(self, shape: DecodeShape) -> StepLayout:
         b = shape.batch
-        return _Layout(b, b, b, _cdiv(shape.context, self.page_size))
+        return self._layout(b, b, b, cdiv(shape.context, self.page_size))
+
+    def _layout(self, tokens: int, seqs: int, sampled: int, pages: int) -> StepLayout:
+        return StepLayout(tokens, seqs, sampled, pages, self.num_kv_groups)
 
     # ---- the one code path ----------------------------------------------------------------
-    def _write(self, seqs: tuple[SeqChunk, ...], layout: _Layout, graph: bool) -> _Fields:
+    def _write(self, seqs: tuple[SeqChunk, ...], layout: StepLayout, graph: bool) -> _Fields:
         """Host values of the primary fields (scratch rows past the plan), one device copy;
         returns the host fields."""
         if self._copy_done is not None:
             self._copy_done.synchronize()  # the previous step's copy may still read the staging
-        flat = _host_values(seqs, layout, graph, self.page_size)
+        flat = host_values(seqs, layout, graph, self.page_size)
         n = len(flat)
         self.primary_host[:n].copy_(torch.tensor(flat, dtype=torch.int64))
         host = self._split(self.primary_host, layout)
@@ -204,13 +192,13 @@ class StepInputs:
             self._copy_done.record()
         return host
 
-    def _split(self, flat: torch.Tensor, layout: _Layout) -> _Fields:
+    def _split(self, flat: torch.Tensor, layout: StepLayout) -> _Fields:
         sizes = layout.sizes()
-        return dict(zip(_FIELDS, flat[: sum(sizes)].split(sizes), strict=True))
+        return dict(zip(layout.fields(), flat[: sum(sizes)].split(sizes), strict=True))
 
     def _view(
         self,
-        layout: _Layout,
+        layout: StepLayout,
         f: _Fields,
         host: _Fields,
         *,
@@ -220,6 +208,10 @@ class StepInputs:
         checkpoints: StateCheckpoints | None = None,
     ) -> StepTensors:
         t, b, p = layout.tokens, layout.seqs, layout.pages
+        tables = [
+            self.block_tables[g * b * p : (g + 1) * b * p].view(b, p) for g in range(layout.groups)
+        ]
+        windows = tuple(WindowTables(f[f"kv{g}"], tables[g]) for g in range(1, layout.groups))
         return StepTensors(
             num_seqs=b,
             num_tokens=t,
@@ -238,9 +230,10 @@ class StepInputs:
             token_seq_index=f["tok"],
             slot_mapping=f["kv"],
             logits_indices=f["logits"],
-            block_tables=self.block_tables[: b * p].view(b, p),
+            block_tables=tables[0],
             page_size=self.page_size,
             checkpoints=checkpoints,
+            windows=windows,
         )
 
     def _derive(self, step: StepTensors, f: _Fields, known_width: bool) -> None:
@@ -249,73 +242,25 @@ class StepInputs:
         `known_width`: an eager step's table is exactly [B, w] (P = w), so it is copied as is;
         a bucket's w is read on the device and the table expanded to [B, P]."""
         b, p = step.block_tables.shape
-        if known_width:
-            step.block_tables.copy_(f["tables"].view(b, p))  # NOTE: int64 -> int32 on the copy
-        else:
-            self._expand_tables(step, f)
+        dests = [step.block_tables, *(w.block_tables for w in step.windows)]
+        for g, dest in enumerate(dests):
+            compact = f["tables" if g == 0 else f"tables{g}"]
+            if known_width:
+                dest.copy_(compact.view(b, p))  # NOTE: int64 -> int32 on the copy
+            else:
+                self._expand_tables(dest, compact, f["width"])
         step.has_initial_state.copy_(f["init"] != 0)
         step.query_start_loc.copy_(f["qsl"])
 
-    def _expand_tables(self, step: StepTensors, f: _Fields) -> None:
-        """The compact [B, w] table into block_tables [B, P], page 0 past w. w is read on the
-        device (a 0-dim view): fixed shapes, no host sync."""
-        b, p = step.block_tables.shape
+    def _expand_tables(self, dest: torch.Tensor, compact: torch.Tensor, w: torch.Tensor) -> None:
+        """A compact [B, w] table into a block table `dest` [B, P], page 0 past w. w is read on
+        the device (a 0-dim view): fixed shapes, no host sync."""
+        b, p = dest.shape
         # NOTE: _write puts w <= P; the clamp keeps stray contents (never a plan's) in range.
-        width = f["width"][0].clamp(0, p)
+        width = w[0].clamp(0, p)
         cols = self._arange[:p][None, :]
         inside = cols < width
         src = torch.where(inside, self._arange[:b, None] * width + cols, torch.zeros_like(cols))
-        pages_of = torch.take(f["tables"], src)
+        pages_of = torch.take(compact, src)
         # NOTE: int64 -> int32 on the copy: the paged kernels' page table.
-        step.block_tables.copy_(torch.where(inside, pages_of, torch.zeros_like(pages_of)))
-
-
-def _host_values(seqs: tuple[SeqChunk, ...], layout: _Layout, graph: bool, page: int) -> list[int]:
-    """The primary block's values in layout order, scratch rows past the plan."""
-    pad = layout.seqs - len(seqs)
-    lens = [s.num_tokens for s in seqs] + [1] * pad
-    starts = [s.start_pos for s in seqs] + [0] * pad
-    qsl = list(accumulate(lens, initial=0))
-    logits = (
-        list(range(layout.seqs))  # a bucket: every row; the runner picks the live ones
-        if graph
-        else [qsl[b + 1] - 1 for b, s in enumerate(seqs) if s.sampling is not None]
-    )
-    w = max((_cdiv(s.start_pos + s.num_tokens, page) for s in seqs), default=0)
-    tables = [p for s in seqs for p in _row(s.block_table, w)] + [0] * (pad * w)
-    # NOTE: a scratch row writes its KV to row 0 of scratch page 0.
-    kv = [s.block_table[p // page] * page + p % page for s in seqs for p in _positions(s)]
-    values = (
-        [t for s in seqs for t in s.token_ids] + [0] * pad,
-        [p for st, n in zip(starts, lens, strict=True) for p in range(st, st + n)],
-        [b for b, n in enumerate(lens) for _ in range(n)],
-        kv + [0] * pad,
-        [s.slot for s in seqs] + [0] * pad,
-        [st + n for st, n in zip(starts, lens, strict=True)],
-        [int(st > 0) for st in starts],
-        qsl,
-        logits,
-        [w],
-        tables,
-    )
-    return [v for field in values for v in field]
-
-
-def _positions(s: SeqChunk) -> range:
-    return range(s.start_pos, s.start_pos + s.num_tokens)
-
-
-def _row(table: tuple[int, ...], width: int) -> list[int]:
-    used = list(table[:width])
-    return used + [0] * (width - len(used))
-
-
-def _check_tables(seqs: tuple[SeqChunk, ...], page_size: int) -> None:
-    """A short block table would silently send KV rows to the scratch page: refuse it."""
-    for s in seqs:
-        need = _cdiv(s.start_pos + s.num_tokens, page_size)
-        if len(s.block_table) < need:
-            raise ValueError(
-                f"request {s.request_id}: block table has {len(s.block_table)} pages, "
-                f"needs {need} for {s.start_pos + s.num_tokens} positions"
-            )
+        dest.copy_(torch.where(inside, pages_of, torch.zeros_like(pages_of)))

@@ -19,6 +19,15 @@ class StateCheckpoints:
 
 
 @dataclass(frozen=True)
+class WindowTables:
+    """A sliding-window KV group's own indices: slot_mapping int64 [T] into the group's pages
+    and block_tables int32 [B, P] (scratch page 0 for pages behind every window)."""
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+
+
+@dataclass(frozen=True)
 class StepTensors:
     """All per-step indices. B = sequences, T = new tokens, L = longest context.
 
@@ -29,6 +38,8 @@ class StepTensors:
     row's pages, scratch page 0 past them, P = ceil(L / page_size)) with its `page_size`.
     The `*_cpu` tensors are host mirrors (extend steps read them). `checkpoints`: the step's
     prefix-cache checkpoints inside chunks (None on most steps, always in a captured graph).
+    `slot_mapping` and `block_tables` are KV group 0's; `windows` holds the sliding-window
+    groups' (`cache.kv_groups` 1..), which the backend swaps in for those groups' layers.
 
     Every attention path reads the context through block_tables and seq_lens; the torch path
     derives its dense gather and mask from them (`kernels.attention_dense`).
@@ -54,3 +65,4 @@ class StepTensors:
     block_tables: torch.Tensor
     page_size: int
     checkpoints: StateCheckpoints | None = None
+    windows: tuple[WindowTables, ...] = ()

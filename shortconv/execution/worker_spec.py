@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from shortconv.cache.kv_groups import kv_groups, window_page_bound
 from shortconv.configs.config import EngineConfig, ModelConfig, resolve_dtype
 from shortconv.errors import ConfigError
 from shortconv.execution.head_shard import head_shard
@@ -25,7 +26,12 @@ class Capacity:
     """Pool sizes, decided once by the engine and identical on every rank."""
 
     num_slots: int
-    num_pages: int
+    num_pages: int  # KV group 0 (full attention): the pages that cap max_model_len
+    window_pages: tuple[int, ...] = ()  # the sliding-window groups' pages (kv_groups 1..)
+
+    @property
+    def pages_per_group(self) -> tuple[int, ...]:
+        return (self.num_pages, *self.window_pages)
 
 
 @dataclass(frozen=True)
@@ -69,23 +75,47 @@ def plan_worker_spec(
 def plan_capacity(
     cfg: ModelConfig, eng: EngineConfig, max_len: int, dtype: torch.dtype, tp_size: int = 1
 ) -> Capacity:
-    """Slots and KV pages. `kv_cache_bytes` caps one rank's KV pool: a page costs a rank only
-    the KV heads it holds (a replicated KV head costs every rank holding it)."""
+    """Slots and KV pages per group (docs/kv_memory.md). A sliding-window group gets what its
+    holders can keep (`_window_group_pages`); `num_kv_pages`, or else the rest of
+    `kv_cache_bytes` (one rank's KV pool: a page costs a rank only the KV heads it holds, a
+    replicated KV head costs every rank holding it), goes to the full group."""
     # Spare slots beyond max_num_seqs hold kept session checkpoints; prefix-cache checkpoints
     # get slots of their own on top.
-    slots = (eng.num_state_slots or 2 * eng.max_num_seqs + 1) + eng.checkpoint_slots
+    state_slots = eng.num_state_slots or 2 * eng.max_num_seqs + 1
+    groups = kv_groups(cfg)
+    windowed = tuple(_window_group_pages(g.window, eng, max_len, state_slots) for g in groups[1:])
     if eng.num_kv_pages:
-        return Capacity(slots, eng.num_kv_pages)
-    per_seq = -(-max_len // eng.kv_page_size)
-    n_attn = max(1, len(cfg.attention_layer_ids))
+        return Capacity(state_slots + eng.checkpoint_slots, eng.num_kv_pages, windowed)
     hk = head_shard(cfg.num_heads, cfg.num_kv_heads, tp_size).num_kv
-    page_bytes = 2 * n_attn * eng.kv_page_size * hk * cfg.head_dim * dtype.itemsize
-    budget_pages = max(2, eng.kv_cache_bytes // page_bytes)
-    return Capacity(slots, int(min(1 + eng.max_num_seqs * per_seq, budget_pages)))
+    per_layer_page = 2 * eng.kv_page_size * hk * cfg.head_dim * dtype.itemsize
+    window_bytes = sum(
+        n * len(g.layer_ids) * per_layer_page for g, n in zip(groups[1:], windowed, strict=True)
+    )
+    # NOTE: a model without full-attention layers still keeps group 0's bookkeeping (its pages
+    # cost nothing); it is sized as if it had one layer, as before groups existed.
+    page_bytes = max(1, len(groups[0].layer_ids)) * per_layer_page
+    budget_pages = max(2, (eng.kv_cache_bytes - window_bytes) // page_bytes)
+    per_seq = -(-max_len // eng.kv_page_size)
+    full = int(min(1 + eng.max_num_seqs * per_seq, budget_pages))
+    return Capacity(state_slots + eng.checkpoint_slots, full, windowed)
+
+
+def _window_group_pages(window: int, eng: EngineConfig, max_len: int, state_slots: int) -> int:
+    """A sliding group's pages: every live request's window (`window_page_bound`), the pages a
+    step's prefill chunks add on top (its token budget, plus one straddled page per row), and
+    as many windows again for the checkpoints sessions keep in the spare state slots; the
+    prefix cache's other checkpoints take what is left and are evicted LRU under pressure."""
+    ps = eng.kv_page_size
+    per_request = min(window_page_bound(window, ps), -(-max_len // ps))
+    live = eng.max_num_seqs * (per_request + 1) + -(-eng.max_num_batched_tokens // ps)
+    kept = max(0, state_slots - 1 - eng.max_num_seqs) * per_request
+    return 1 + live + kept
 
 
 def _fit_max_len(max_len: int, capacity: Capacity, eng: EngineConfig) -> int:
-    """A sequence must fit the KV pool on its own, or it would preempt itself forever.
+    """A sequence must fit the KV pool on its own, or it would preempt itself forever. Only
+    the full group (group 0) holds a sequence's whole context: a sliding group's share is
+    sized to its windows, so it never caps the length.
 
     An explicit max_model_len that does not fit is refused; the model's default is capped to
     what fits (like vLLM), with a warning.

@@ -51,7 +51,9 @@ def _groups(
             groups.append(None)
             continue
         toks = [t for i in seqs for t in range(qsl[i], qsl[i + 1])]
-        max_len = max(seq_lens[i] for i in seqs)
+        # A windowed layout's columns start at each row's window (`DenseAttentionIndices`).
+        max_q = max(qsl[i + 1] - qsl[i] for i in seqs)
+        max_len = dense.columns(max(seq_lens[i] for i in seqs), max_q)
         idx = torch.tensor(seqs, dtype=torch.int64, device=dev)
         group = _Group(idx, torch.tensor(toks, device=dev), max_len, dense.kv_gather[idx, :max_len])
         if not single:
@@ -72,7 +74,7 @@ def _groups(
 _ATTN_CHUNK_BYTES = 8 << 20
 
 
-def _kv_rows(gather: torch.Tensor, hk: int, scratch: StepScratch, key: str) -> torch.Tensor:
+def _kv_rows(gather: torch.Tensor, hk: int, scratch: StepScratch, key: object) -> torch.Tensor:
     """Head-major flat row indices `[G, Hk*L]` into a `[N*Hk, d]` view of the cache, built once
     per step (`key` names the group)."""
     return scratch.per_step(
@@ -104,7 +106,7 @@ def _decode_attention(
     live: torch.Tensor,
     scale: float,
     scratch: StepScratch,
-    key: str,
+    key: object,
 ) -> torch.Tensor:
     """One query per row: q [G, Hq, d], gather [G, L], live bool [G, L] → [G, Hq, d]."""
     g, num_heads, head_dim = q.shape
@@ -141,29 +143,35 @@ def paged_attention_cpu(
     step: PagedAttentionStep,
     scale: float,
     scratch: StepScratch,
+    window: int = 0,
 ) -> torch.Tensor:
     """The CPU path: K/V gathered straight into head-major `[G, Hk, L, d]` reused buffers, so
     the attention matmuls read contiguous rows (a strided `[B, L, Hk, d]` view made SDPA copy
     or crawl) and no layer allocates (or page-faults) tens of MB. Decode rows (one query) are
     two batched matmuls around a softmax; multi-token chunks go through SDPA, each group over
-    its own longest context (see `_groups`)."""
+    its own longest context (see `_groups`). `window` > 0: each row gathers only the positions
+    its queries see (`attention_dense._build_windowed`), so L is at most window + Q - 1.
+
+    NOTE: the per-step values are keyed by the window: full and sliding layers share a step."""
     num_tokens, num_heads, head_dim = q.shape
-    dense = dense_indices(step, scratch)
+    dense = dense_indices(step, scratch, window)
     if step.max_query_len == 1 and num_tokens == step.num_seqs:  # all decode (graph buffers too)
-        mask = dense.attn_mask.view(step.num_seqs, step.max_seq_len)
-        return _decode_attention(q, k_cache, v_cache, dense.kv_gather, mask, scale, scratch, "all")
-    single, multi = scratch.per_step("attn_groups", lambda: _groups(step, dense))
+        mask = dense.attn_mask.view(dense.kv_gather.shape)
+        gather = dense.kv_gather
+        return _decode_attention(q, k_cache, v_cache, gather, mask, scale, scratch, ("all", window))
+    single, multi = scratch.per_step(("attn_groups", window), lambda: _groups(step, dense))
     out = q.new_empty(q.shape)
     if single is not None:
         live = scratch.per_step(
-            "single_live", lambda: dense.attn_mask[single.seqs, 0, : single.max_len]
+            ("single_live", window), lambda: dense.attn_mask[single.seqs, 0, : single.max_len]
         )
+        key = ("single", window)
         part = _decode_attention(
-            q[single.tokens], k_cache, v_cache, single.gather, live, scale, scratch, "single"
+            q[single.tokens], k_cache, v_cache, single.gather, live, scale, scratch, key
         )
         out[single.tokens] = part
     assert multi is not None
-    rows = _kv_rows(multi.gather, k_cache.shape[1], scratch, "multi")
+    rows = _kv_rows(multi.gather, k_cache.shape[1], scratch, ("multi", window))
     keys = _gathered(k_cache, rows, "k", scratch)
     values = _gathered(v_cache, rows, "v", scratch)
     g, max_q = multi.seqs.numel(), step.max_query_len

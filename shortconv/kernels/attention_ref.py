@@ -35,14 +35,16 @@ def paged_attention_ref(
     step: PagedAttentionStep,
     scale: float,
     scratch: StepScratch | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """q `[T, Hq, d]` (new tokens, packed) → out `[T, Hq, d]`, attending over each sequence's
     context gathered from its pages (`attention_dense`: kv_gather, attn_mask) in one padded SDPA
-    call. GQA: Hq must be a multiple of Hk. The torch path off CPU; the CPU fast path in
-    `attention_cpu` is checked against it."""
+    call; `window` > 0: a query at p sees only p-window+1 .. p (0: the whole context). GQA: Hq
+    must be a multiple of Hk. The torch path off CPU; the CPU fast path in `attention_cpu` is
+    checked against it."""
     num_tokens, num_heads, head_dim = q.shape
     b, max_q = step.num_seqs, step.max_query_len
-    dense = dense_indices(step, scratch)
+    dense = dense_indices(step, scratch, window)
     q_rows = torch.cat([q, q.new_zeros(1, num_heads, head_dim)], dim=0)
     q_pad = q_rows[dense.q_pad_index].view(b, max_q, num_heads, head_dim).transpose(1, 2)
     keys = k_cache[dense.kv_gather].transpose(1, 2)  # [B, Hk, L, d]
@@ -67,17 +69,23 @@ def _attend_one(
     seq_len: int,
     scale: float,
     page_size: int,
+    window: int,
 ) -> torch.Tensor:
-    """q [n, Hq, d], the sequence's last n positions, over its first seq_len positions."""
+    """q [n, Hq, d], the sequence's last n positions, over its first seq_len positions (only
+    the last `window` up to each query when window > 0; no other page is read)."""
     n, num_heads, _ = q.shape
-    pos = torch.arange(seq_len, device=q.device)
+    first = max(0, seq_len - n - window + 1) if window > 0 else 0
+    pos = torch.arange(first, seq_len, device=q.device)
     rows = table.to(torch.int64)[pos // page_size] * page_size + pos % page_size
     group = num_heads // k_cache.shape[1]
     keys = k_cache[rows].float().repeat_interleave(group, dim=1)  # [L, Hq, d]
     values = v_cache[rows].float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
     q_pos = torch.arange(seq_len - n, seq_len, device=q.device)
-    scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    hidden = pos[None, None, :] > q_pos[None, :, None]
+    if window > 0:
+        hidden |= pos[None, None, :] <= q_pos[None, :, None] - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), values)
 
 
@@ -91,13 +99,15 @@ def paged_attention_decode_ref(
     page_size: int,
     *,
     out: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Oracle of `paged_attention_decode_triton`: q [B, Hq, d] at positions seq_lens-1,
-    k/v_cache [N, Hk, d], block_tables [B, P], seq_lens [B] -> out [B, Hq, d]."""
+    k/v_cache [N, Hk, d], block_tables [B, P], seq_lens [B] -> out [B, Hq, d]; `window` > 0:
+    each query sees its last `window` positions."""
     result = torch.empty_like(q) if out is None else out
     for b, seq_len in enumerate(seq_lens.tolist()):
         one = _attend_one(
-            q[b : b + 1], k_cache, v_cache, block_tables[b], seq_len, scale, page_size
+            q[b : b + 1], k_cache, v_cache, block_tables[b], seq_len, scale, page_size, window
         )
         result[b] = one[0].to(result.dtype)
     return result
@@ -115,10 +125,12 @@ def paged_attention_extend_ref(
     *,
     max_query_len: int,
     out: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Oracle of `paged_attention_extend_triton`: q [T, Hq, d] packed by query_start_loc
     [B+1]; sequence b's n_b queries sit at positions seq_lens[b]-n_b .. seq_lens[b]-1 and
-    attend causally over its paged context -> out [T, Hq, d]. `max_query_len` is unused here."""
+    attend causally over its paged context (the last `window` positions when window > 0)
+    -> out [T, Hq, d]. `max_query_len` is unused here."""
     del max_query_len
     result = torch.empty_like(q) if out is None else out
     qsl = query_start_loc.tolist()
@@ -126,7 +138,7 @@ def paged_attention_extend_ref(
         lo, hi = qsl[b], qsl[b + 1]
         if hi > lo:
             one = _attend_one(
-                q[lo:hi], k_cache, v_cache, block_tables[b], seq_len, scale, page_size
+                q[lo:hi], k_cache, v_cache, block_tables[b], seq_len, scale, page_size, window
             )
             result[lo:hi] = one.to(result.dtype)
     return result

@@ -138,6 +138,7 @@ def paged_attention_decode_triton(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     min_split_len: int = _MIN_SPLIT_LEN,
+    window: int = 0,
 ) -> torch.Tensor:
     """One query per sequence at position seq_lens-1, over its paged context.
 
@@ -147,7 +148,9 @@ def paged_attention_decode_triton(
     `out` when given). Hq % Hk == 0; fp32 accumulation. `num_splits` (default: from B, Hk and
     P*page_size) programs share each row's context, combined by a reduce kernel; each row's
     split covers ceil(seq_len / num_splits) positions, at least `min_split_len`, rounded up to
-    whole blocks, so a row uses only the splits its own length needs.
+    whole blocks, so a row uses only the splits its own length needs. `window` > 0: each query
+    sees its last `window` positions only; the splits divide those (their count from
+    min(P*page_size, window)) and no page before them is read.
     """
     group, head_dim = _check(q, k_cache, v_cache)
     out = _out(q, out)
@@ -155,6 +158,8 @@ def paged_attention_decode_triton(
     if batch == 0:
         return out
     num_kv, max_ctx = k_cache.shape[1], block_tables.shape[1] * page_size
+    if window > 0:
+        max_ctx = min(max_ctx, window)
     if num_splits is None:
         num_splits = decode_splits(batch, num_kv, max_ctx, q.device)
     # Drop splits that rounding leaves empty even for a row that fills the table.
@@ -181,6 +186,7 @@ def paged_attention_decode_triton(
         scale * _LOG2E,
         group,
         head_dim,
+        window,
         min_split_len,
         num_splits,
         num_heads,
@@ -225,6 +231,7 @@ def paged_attention_extend_triton(
     *,
     max_query_len: int,
     out: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of packed new tokens over their sequences' paged contexts.
 
@@ -233,7 +240,9 @@ def paged_attention_extend_triton(
     pages); k_cache/v_cache [N, Hk, d] hold every context position including the new ones;
     block_tables int [B, P]; seq_lens int [B]; query_start_loc int32 [B+1]; max_query_len a
     host int >= every n_b (sizes the grid) -> out [T, Hq, d] in q's dtype. Rows past
-    query_start_loc[-1] are not written. Hq % Hk == 0; fp32 accumulation.
+    query_start_loc[-1] are not written. Hq % Hk == 0; fp32 accumulation. `window` > 0: the
+    query at p sees p-window+1 .. p only, and a query block's loop starts at its first query's
+    window (no page wholly before it is read).
     """
     group, head_dim = _check(q, k_cache, v_cache)
     out = _out(q, out)
@@ -256,6 +265,7 @@ def paged_attention_extend_triton(
         scale * _LOG2E,
         group,
         head_dim,
+        window,
         *_strides(q, k_cache, v_cache, block_tables, out),
         PAGE=page_size,
         BLOCK_G=block_g,

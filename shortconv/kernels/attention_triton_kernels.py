@@ -43,6 +43,7 @@ def decode_kernel(
     qk_scale,
     group,
     head_dim,
+    window,
     min_split_len,
     num_splits,
     num_heads,
@@ -68,7 +69,9 @@ def decode_kernel(
     # static shape), and one wide bucket serves every context; splitting the table would put a
     # short row's whole context in split 0 (serial) and leave the others idle. split_len is the
     # row's share, at least min_split_len, in whole BLOCK_N blocks; splits past the row's end
-    # run no loop and leave empty partials.
+    # run no loop and leave empty partials. With a window (> 0) the row's context is its last
+    # `window` positions: the splits divide those, and no page before them is read (a sliding
+    # layer's table may hold scratch page 0 there).
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -81,9 +84,10 @@ def decode_kernel(
     q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + d[None, :], mask=qm, other=0.0)
     q = q.to(tl.float32) if UPCAST else q.to(k_ptr.dtype.element_ty)
     seq_len = tl.load(lens_ptr + b).to(tl.int32)
-    split_len = tl.maximum((seq_len + num_splits - 1) // num_splits, min_split_len)
+    first = tl.maximum(seq_len - tl.where(window > 0, window, seq_len), 0)
+    split_len = tl.maximum((seq_len - first + num_splits - 1) // num_splits, min_split_len)
     split_len = (split_len + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    lo = split * split_len
+    lo = first + split * split_len
     hi = tl.minimum(lo + split_len, seq_len)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     den = tl.full([BLOCK_G], 0.0, tl.float32)
@@ -148,8 +152,8 @@ def reduce_kernel(
     all_mask = s_all < num_splits
     m_all = tl.load(m_ptr + base + s_all, mask=all_mask, other=float("-inf"))
     den = tl.load(l_ptr + base + s_all, mask=all_mask, other=0.0)
-    # NOTE: split 0 always holds position 0 (seq_lens >= 1), so the max is finite and empty
-    # splits (m = -inf) get weight exp2(-inf) = 0.
+    # NOTE: split 0 always holds the row's first visible position (seq_lens >= 1), so the max
+    # is finite and empty splits (m = -inf) get weight exp2(-inf) = 0.
     m_max = tl.reduce(m_all, 0, _MAX)
     total = tl.reduce(den * tl.exp2(m_all - m_max), 0, _SUM)
     num = tl.full([BLOCK_D], 0.0, tl.float32)
@@ -178,6 +182,7 @@ def extend_kernel(
     qk_scale,
     group,
     head_dim,
+    window,
     q_st,
     q_sh,
     k_sn,
@@ -210,8 +215,12 @@ def extend_kernel(
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
     rmask = (t < n) & (g < group)
-    # NOTE: rows past the sequence's tokens attend to position 0 only: never an empty softmax.
-    qpos = tl.where(t < n, ctx0 + t, 0)
+    # NOTE: rows past the sequence's tokens attend as the block's first token (live whenever
+    # the block runs its loop): never an empty softmax.
+    first_q = ctx0 + mb * BLOCK_M  # position of the block's first token
+    qpos = tl.where(t < n, ctx0 + t, first_q)
+    # The first position each row sees: 0, or the start of its window.
+    qlo = tl.where(window > 0, qpos - window + 1, 0)
     tok = (q_start + t).to(tl.int64)
     heads = kvh * group + g
     qm = rmask[:, None] & dmask[None, :]
@@ -219,12 +228,17 @@ def extend_kernel(
         q_ptr + tok[:, None] * q_st + heads[:, None] * q_sh + d[None, :], mask=qm, other=0.0
     )
     q = q.to(tl.float32) if UPCAST else q.to(k_ptr.dtype.element_ty)
-    # Keys up to this block's last query (causal); an empty block (mb past n) runs no loop.
+    # Keys from the block's first query's window start (0 without a window) up to its last
+    # query (causal); an empty block (mb past n) runs no loop.
+    # NOTE: every row must see a key of the first BLOCK_N (else its first m stays -inf and
+    # exp2(-inf - -inf) is NaN): the block's last row starts BLOCK_M - 1 after `lo`, so
+    # BLOCK_M <= BLOCK_N (launch_config.ATTN_EXTEND: block_i <= block_n).
     hi = tl.where(mb * BLOCK_M < n, ctx0 + tl.minimum((mb + 1) * BLOCK_M, n), 0)
+    lo = tl.where(window > 0, tl.maximum(first_q - window + 1, 0), 0)
     m = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
     den = tl.full([BLOCK_M * BLOCK_G], 0.0, tl.float32)
     acc = tl.full([BLOCK_M * BLOCK_G, BLOCK_D], 0.0, tl.float32)
-    start = hi * 0
+    start = lo
     while start < hi:
         pos = start + tl.arange(0, BLOCK_N)
         live = pos < hi
@@ -238,7 +252,8 @@ def extend_kernel(
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
-        s = tl.where(live[None, :] & (pos[None, :] <= qpos[:, None]), s, float("-inf"))
+        seen = (pos[None, :] <= qpos[:, None]) & (pos[None, :] >= qlo[:, None])
+        s = tl.where(live[None, :] & seen, s, float("-inf"))
         m_new = tl.maximum(m, tl.reduce(s, 1, _MAX))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])

@@ -22,6 +22,11 @@ import triton.language as tl
 from shortconv.kernels.launch_config import CONV_PREFILL, CONV_SMALL
 from shortconv.kernels.outputs import decode_out, out_like
 
+# The widest short conv the kernels take (LFM2: 3, LFM3: 7). Every kernel is generic in WIDTH
+# (taps unrolled with static_range, state columns in a power-of-2 block), so the bound only
+# keeps widths inside what the tests and the sm_90 compile check cover (2..8).
+MAX_WIDTH = 8
+
 
 def _fn_out_kernel(
     x_ptr,
@@ -207,8 +212,8 @@ def _kernels() -> tuple[object, object, object]:
 def _check_shapes(dim: int, weight: torch.Tensor, states: torch.Tensor) -> int:
     # Host-side shape checks only (no device reads): a mismatch here would be an OOB access.
     width = weight.shape[1]
-    if not 2 <= width <= 5:
-        raise ValueError(f"short-conv width must be in 2..5, got {width}")
+    if not 2 <= width <= MAX_WIDTH:
+        raise ValueError(f"short-conv width must be in 2..{MAX_WIDTH}, got {width}")
     if weight.shape[0] != dim or states.dim() != 3 or tuple(states.shape[1:]) != (dim, width - 1):
         raise ValueError(
             f"expected weight [{dim}, W] and conv state [n_slots, {dim}, W-1], "
@@ -276,7 +281,7 @@ def causal_conv1d_fn_triton(
 ) -> torch.Tensor:
     """Varlen causal depthwise conv over packed sequences; updates conv_states in place.
 
-    Shapes: x [dim, T] (any strides), weight [dim, W] with W in 2..5, bias [dim] or None,
+    Shapes: x [dim, T] (any strides), weight [dim, W] with W in 2..MAX_WIDTH, bias [dim] or None,
     conv_states [n_slots, dim, W-1], query_start_loc int [B+1], cache_indices int32/int64 [B],
     has_initial_state bool [B]. Returns out [dim, T] in x's dtype (written into `out` when
     given), accumulated in fp32. Pad rows and tokens past query_start_loc[-1] produce zeros;
@@ -345,7 +350,7 @@ def causal_conv1d_update_triton(
     """One decode token per row: conv over [state ‖ x], then shift x into the state in place.
 
     Shapes: x [B, dim] (any strides), conv_state [n_slots, dim, W-1], weight [dim, W] with
-    W in 2..5, bias [dim] or None, conv_state_indices int32/int64 [B]. Returns out [B, dim]
+    W in 2..MAX_WIDTH, bias [dim] or None, conv_state_indices int32/int64 [B]. Returns out [B, dim]
     in x's dtype, accumulated in fp32. Pad rows produce zeros and touch no state. A single
     launch with no host syncs, so it is safe under CUDA graph capture.
     """

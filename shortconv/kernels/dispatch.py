@@ -167,12 +167,16 @@ def paged_attention(
     step: PagedAttentionStep,
     scale: float,
     scratch: StepScratch | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of the step's new tokens over their paged contexts.
 
     q [T, Hq, d] packed by `step.query_start_loc`; k_cache/v_cache [pages*page_size, Hk, d]
     flat page rows that already hold this step's K/V (`write_kv` first); Hq % Hk == 0
-    -> out [T, Hq, d] in q's dtype.
+    -> out [T, Hq, d] in q's dtype. `window` (the layer's, a host int): 0 attends over the
+    whole context; w > 0 lets the query at position p see positions p-w+1 .. p only (a
+    sliding-window layer), and no backend reads a page wholly before a query chunk's first
+    window, so those block-table entries may be scratch page 0 (freed pages).
 
     Triton backend: the paged kernels read the pool in place through `step.block_tables`
     (decode kernel when every row has one query, the varlen extend kernel otherwise); no SDPA.
@@ -182,10 +186,10 @@ def paged_attention(
     """
     mod = _triton_or_none(q.device, "attention_triton")
     if mod is not None:
-        return _paged_attention_triton(mod, q, k_cache, v_cache, step, scale)
+        return _paged_attention_triton(mod, q, k_cache, v_cache, step, scale, window)
     if scratch is not None and q.device.type == "cpu" and k_cache.dtype == q.dtype:
-        return paged_attention_cpu(q, k_cache, v_cache, step, scale, scratch)
-    return paged_attention_ref(q, k_cache, v_cache, step, scale, scratch)
+        return paged_attention_cpu(q, k_cache, v_cache, step, scale, scratch, window)
+    return paged_attention_ref(q, k_cache, v_cache, step, scale, scratch, window)
 
 
 def _paged_attention_triton(
@@ -195,13 +199,21 @@ def _paged_attention_triton(
     v_cache: torch.Tensor,
     step: PagedAttentionStep,
     scale: float,
+    window: int,
 ) -> torch.Tensor:
     # NOTE: the kernels are looked up on the module at call time (tests count them there).
     # Only host ints (max_query_len, page_size) and static shapes choose the kernel and its
     # grid, so graph capture sees no host sync.
     if step.max_query_len == 1:
         return mod.paged_attention_decode_triton(
-            q, k_cache, v_cache, step.block_tables, step.seq_lens, scale, step.page_size
+            q,
+            k_cache,
+            v_cache,
+            step.block_tables,
+            step.seq_lens,
+            scale,
+            step.page_size,
+            window=window,
         )
     return mod.paged_attention_extend_triton(
         q,
@@ -213,6 +225,7 @@ def _paged_attention_triton(
         scale,
         step.page_size,
         max_query_len=step.max_query_len,
+        window=window,
     )
 
 

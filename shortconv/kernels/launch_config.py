@@ -65,6 +65,8 @@ ATTN_DECODE = {
 # bf16/fp16 64 x 64 rows: 124 regs at d64 (4 warps), 132 at d128 with 8 warps (182 at 4),
 # 0 spills, tensor cores. fp32: d64 32 x 32 at 8 warps 204 / 0 (64 x 64 at 4 warps: 10.7 KB
 # spilled); d128 16 x 16 at 8 warps 208 / 0 (64 x 64 at 4 warps: 82.7 KB spills, 14 KB stack).
+# NOTE: block_i <= block_n: with a sliding window, a query block's last row first sees the
+# key block_m - 1 after the loop start, which must fall in the first key block.
 ATTN_EXTEND = {
     (True, False): LaunchConfig(64, 64, 4, 1),
     (True, True): LaunchConfig(64, 64, 8, 1),
@@ -85,6 +87,11 @@ MOE_GEMM = LaunchConfig(64, 64, 4, 3)
 # Short conv (`conv1d_triton`): elementwise taps, no products. Prefill [64 ch x 32 tok] tiles
 # at 8 warps (4 warps spilled 184 B in fp16: int64 offsets per tap); decode and the state
 # write-back are [64-128 ch x W] tiles, 19-24 registers at 4 warps. No loop to pipeline.
+# NOTE: the taps are unrolled and every tap's loads issue up front, so prefill registers grow
+# with the width (sm_90, dim 2048, bf16 / fp16 / fp32): W=3 64/64/58, LFM3's W=7 132/128/73,
+# no spills; W=4 fp16 spills 224 B (no model has W=4). Smaller tiles ([64 x 16], [32 x 32],
+# 4 or 16 warps) cut W=7 to ~80 registers but made ptxas cap fp16 at 64 and spill (40-176 B
+# at W=6..8), so every width keeps this tile until a GPU timing says fewer registers pay.
 CONV_PREFILL = LaunchConfig(32, 64, 8, 1)
 CONV_SMALL = LaunchConfig(0, 0, 4, 1)
 

@@ -1,4 +1,5 @@
-"""LFM2 grouped-query attention with per-head q/k RMSNorm, RoPE and paged KV."""
+"""LFM2/LFM3 grouped-query attention: per-head q/k RMSNorm, RoPE and paged KV; LFM3 adds a
+sliding window (its `sliding_attention` layers), a per-kind RoPE and a per-head sigmoid gate."""
 
 from __future__ import annotations
 
@@ -24,13 +25,19 @@ class Lfm2Attention(nn.Module):
         self.num_heads, self.num_kv_heads = heads.num_q, heads.num_kv
         self.scale = d**-0.5
         h = cfg.hidden_size
-        self.q_proj = ColumnParallelLinear(h, cfg.num_heads * d, False, tp)
+        bias = cfg.attention_bias
+        self.q_proj = ColumnParallelLinear(h, cfg.num_heads * d, bias, tp)
         # The KV heads this rank's query heads use (several ranks hold one when replicated).
-        self.k_proj = ColumnSliceLinear(h, heads.kv_rows(d), False)
-        self.v_proj = ColumnSliceLinear(h, heads.kv_rows(d), False)
-        self.out_proj = RowParallelLinear(cfg.num_heads * d, h, False, tp)
+        self.k_proj = ColumnSliceLinear(h, heads.kv_rows(d), bias)
+        self.v_proj = ColumnSliceLinear(h, heads.kv_rows(d), bias)
+        self.out_proj = RowParallelLinear(cfg.num_heads * d, h, bias, tp)
         self.q_layernorm = RMSNorm(d, cfg.norm_eps)
         self.k_layernorm = RMSNorm(d, cfg.norm_eps)
+        # One gate logit per query head: column-parallel, so it shards with the q heads.
+        self.g_proj = (
+            ColumnParallelLinear(h, cfg.num_heads, False, tp) if cfg.attention_gate else None
+        )
+        self.window = cfg.window_of(layer_id)
         self.rope = rope
 
     def forward(self, x: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
@@ -41,5 +48,9 @@ class Lfm2Attention(nn.Module):
         md = backend.attention_metadata(self.layer_id)
         q, k = self.rope(md.step.positions, q, k)
         write_kv(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
-        out = paged_attention(q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch)
+        out = paged_attention(
+            q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch, window=self.window
+        )
+        if self.g_proj is not None:
+            out = out * torch.sigmoid(self.g_proj(x)).unsqueeze(-1)
         return self.out_proj(out.reshape(t, -1))

@@ -7,10 +7,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from shortconv.cache.state_pool import KVSpec, StateSpec
-from shortconv.configs.config import EngineConfig, ModelConfig
+from shortconv.cache.state_pool import StateSpec
+from shortconv.configs.config import ModelConfig
 from shortconv.execution.backend import BaseStateBackend
-from shortconv.execution.head_shard import head_shard
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.attention import Lfm2Attention
 from shortconv.layers.mlp import SwiGLU
@@ -23,10 +22,10 @@ from shortconv.models.weights import WeightLoader
 
 
 class Lfm2Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig, i: int, tp: ParallelContext, rope: RotaryEmbedding):
+    def __init__(self, cfg: ModelConfig, i: int, tp: ParallelContext, rope: RotaryEmbedding | None):
         super().__init__()
-        self.is_attention = cfg.layer_types[i] == "attention"
-        if self.is_attention:
+        self.is_attention = rope is not None
+        if rope is not None:
             self.self_attn = Lfm2Attention(cfg, i, tp, rope)
         else:
             self.conv = ShortConv(cfg, i, tp)
@@ -37,10 +36,12 @@ class Lfm2Layer(nn.Module):
         self.operator_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
+    def mix(self, x: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
+        """The layer's operator: attention or short conv."""
+        return self.self_attn(x, backend) if self.is_attention else self.conv(x, backend)
+
     def forward(self, h: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
-        x = self.operator_norm(h)
-        x = self.self_attn(x, backend) if self.is_attention else self.conv(x, backend)
-        h = h + x
+        h = h + self.mix(self.operator_norm(h), backend)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -48,13 +49,24 @@ class Lfm2ForCausalLM(nn.Module):
     """`forward(input_ids[T], backend) -> hidden[T, H]`; logits via compute_logits."""
 
     extra_state_name: str | None = None
+    layer_class: type[Lfm2Layer] = Lfm2Layer
+    rope_in_fp32 = False  # rotate in q's dtype (LFM2's reference casts cos/sin to it)
 
     def __init__(self, cfg: ModelConfig, tp: ParallelContext):
         super().__init__()
         self.cfg, self.tp = cfg, tp
-        rope = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.max_model_len)
+        # One RoPE table per attention kind (LFM3's two kinds differ), shared by its layers.
+        ropes = {
+            kind: RotaryEmbedding.of(
+                cfg.head_dim, cfg.rope_of(kind), cfg.max_model_len, self.rope_in_fp32
+            )
+            for kind in dict.fromkeys(cfg.layer_types)
+            if kind in ("attention", "sliding_attention")
+        }
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(Lfm2Layer(cfg, i, tp, rope) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            self.layer_class(cfg, i, tp, ropes.get(t)) for i, t in enumerate(cfg.layer_types)
+        )
         self.embedding_norm = RMSNorm(
             cfg.hidden_size, cfg.norm_eps
         )  # HF's name; it is the final norm
@@ -76,23 +88,21 @@ class Lfm2ForCausalLM(nn.Module):
         dim = tp.shard(cfg.hidden_size, "conv channels (hidden_size)")
         return [StateSpec("conv", cfg.conv_layer_ids, (dim, cfg.conv_width - 1))]
 
-    @staticmethod
-    def kv_spec(cfg: ModelConfig, tp: ParallelContext, eng: EngineConfig, pages: int) -> KVSpec:
-        hk = head_shard(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank).num_kv
-        return KVSpec(cfg.attention_layer_ids, hk, cfg.head_dim, eng.kv_page_size, pages)
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        loader = WeightLoader(self, self.tp, _hf_to_ours(self.cfg))
+        loader = WeightLoader(self, self.tp, self.hf_to_ours())
         loader.load(weights)
 
+    @staticmethod
+    def hf_to_ours() -> dict[str, str]:
+        """Rename rules: HF checkpoint name fragment → our parameter name fragment."""
+        return LFM2_RENAMES
 
-def _hf_to_ours(cfg: ModelConfig) -> dict[str, str]:
-    """Rename rules: HF checkpoint name fragment → our parameter name fragment."""
-    return {
-        "model.embed_tokens.": "embed_tokens.",
-        "model.embedding_norm.": "embedding_norm.",
-        "model.layers.": "layers.",
-        ".conv.conv.weight": ".conv.conv_weight",
-        ".conv.conv.bias": ".conv.conv_bias",
-        ".feed_forward.gate.weight": ".feed_forward.gate_weight",
-    }
+
+LFM2_RENAMES = {
+    "model.embed_tokens.": "embed_tokens.",
+    "model.embedding_norm.": "embedding_norm.",
+    "model.layers.": "layers.",
+    ".conv.conv.weight": ".conv.conv_weight",
+    ".conv.conv.bias": ".conv.conv_bias",
+    ".feed_forward.gate.weight": ".feed_forward.gate_weight",
+}

@@ -10,6 +10,10 @@ def model_class(arch: str) -> type:
         from shortconv.models.lfm2 import Lfm2ForCausalLM
 
         return Lfm2ForCausalLM
+    if arch == "lfm3":
+        from shortconv.models.lfm3 import Lfm3ForCausalLM
+
+        return Lfm3ForCausalLM
     if arch == "zaya1":
         from shortconv.models.zaya1 import ZayaForCausalLM
 

@@ -13,12 +13,11 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from shortconv.cache.state_pool import KVSpec, StateSpec
-from shortconv.configs.config import EngineConfig, ModelConfig
+from shortconv.cache.state_pool import StateSpec
+from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf.zaya1 import CONVERTER_HINT
 from shortconv.errors import CheckpointError
 from shortconv.execution.backend import BaseStateBackend
-from shortconv.execution.head_shard import head_shard
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.cca import CCAAttention, cca_state_dims
 from shortconv.layers.linear import mark_shard
@@ -119,11 +118,6 @@ class ZayaForCausalLM(nn.Module):
             StateSpec("conv", cfg.conv_layer_ids, (chans, width)),
             StateSpec("prev_state", cfg.conv_layer_ids, (prev,)),
         ]
-
-    @staticmethod
-    def kv_spec(cfg: ModelConfig, tp: ParallelContext, eng: EngineConfig, pages: int) -> KVSpec:
-        hk = head_shard(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank).num_kv
-        return KVSpec(cfg.attention_layer_ids, hk, cfg.head_dim, eng.kv_page_size, pages)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         loader = WeightLoader(self, self.tp, _HF_TO_OURS)

@@ -1,6 +1,6 @@
-"""Write small random checkpoints (LFM2, LFM2-MoE, ZAYA1) that transformers can load.
+"""Write small random checkpoints (LFM2, LFM2-MoE, LFM3, ZAYA1) that transformers can load.
 
-    python -m shortconv.tiny.checkpoint --arch {lfm2,lfm2_moe,zaya1} --out DIR [--seed N]
+    python -m shortconv.tiny.checkpoint --arch {lfm2,lfm2_moe,lfm3,zaya1} --out DIR [--seed N]
         [--set key=value ...] [--skip-bias B] [--no-tokenizer]
 
 Writes config.json, generation_config.json, model.safetensors (fp32) and a byte-level tokenizer
@@ -56,7 +56,12 @@ import torch
 from shortconv.engine import tokenizer as toks
 from shortconv.tiny.templates import TEMPLATES
 
-ARCH_MODEL_TYPES: dict[str, str] = {"lfm2": "lfm2", "lfm2_moe": "lfm2_moe", "zaya1": "zaya"}
+ARCH_MODEL_TYPES: dict[str, str] = {
+    "lfm2": "lfm2",
+    "lfm2_moe": "lfm2_moe",
+    "lfm3": "lfm3",
+    "zaya1": "zaya",
+}
 _ARCH_ALIASES = {"zaya": "zaya1"}
 
 _TOKEN_IDS = {
@@ -101,6 +106,31 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         "routed_scaling_factor": 1.0,
         "conv_L_cache": 3,
         "conv_bias": False,
+        "tie_word_embeddings": True,
+        **_TOKEN_IDS,
+    },
+    "lfm3": {
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 6,
+        # 16 q / 4 KV heads in the real model: tp 2 and 4 shard the KV heads here too.
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 16,
+        "max_position_embeddings": 1024,
+        # Both attention kinds, three conv layers (one between two sliding layers).
+        "layer_types": [
+            "conv",
+            "sliding_attention",
+            "conv",
+            "full_attention",
+            "sliding_attention",
+            "conv",
+        ],
+        # A window of a few KV pages at the tests' page sizes; RoPE, conv width and the gates
+        # and sandwich norms take Lfm3Config's defaults.
+        "sliding_window": 8,
         "tie_word_embeddings": True,
         **_TOKEN_IDS,
     },

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shortconv.cache.kv_groups import kv_specs
 from shortconv.cache.state_pool import StatePool
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.execution.backend import ShortConvBackend
@@ -118,7 +119,7 @@ def build_random_stack(
     cls = model_class(cfg.arch)
     model = build_model(cls, cfg, SINGLE, device, dtype)
     randomize_(model, seed)
-    kv = cls.kv_spec(cfg, SINGLE, engine_cfg, num_pages)
+    kv = kv_specs(cfg, SINGLE, engine_cfg.kv_page_size, num_pages)
     pool = StatePool(cls.state_specs(cfg, SINGLE), kv, num_slots, dtype, device)
     backend = ShortConvBackend(pool, device, cls.extra_state_name)
     return RandomStack(cfg, model, pool, backend)

@@ -2,7 +2,7 @@
 tool calls can be tested offline. Written for this project after the formats the real
 checkpoints document (not copies of their templates):
 
-* LFM2 / LFM2-MoE: the tool list goes into the system turn as `List of tools:
+* LFM2 / LFM2-MoE / LFM3: the tool list goes into the system turn as `List of tools:
   <|tool_list_start|>[{json}, ...]<|tool_list_end|>`; the model calls tools with a Python-style
   list, `<|tool_call_start|>[name(arg="v", n=3)]<|tool_call_end|>`; a result comes back in a
   `tool` turn wrapped in `<|tool_response_start|>...<|tool_response_end|>`. All six markers are
@@ -110,5 +110,6 @@ ZAYA_CHAT_TEMPLATE = (
 TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "lfm2": (LFM2_CHAT_TEMPLATE, LFM2_TOOL_TOKENS),
     "lfm2_moe": (LFM2_CHAT_TEMPLATE, LFM2_TOOL_TOKENS),
+    "lfm3": (LFM2_CHAT_TEMPLATE, LFM2_TOOL_TOKENS),
     "zaya1": (ZAYA_CHAT_TEMPLATE, ZAYA_TOOL_TOKENS),
 }

@@ -39,7 +39,7 @@ def config(caching: bool, **kw: object) -> EngineConfig:
     return EngineConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "zaya1"])
+@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "lfm3", "zaya1"])
 def ckpt(request, tmp_path_factory):
     if request.param == "zaya1" and (reason := transformers_lacks("zaya")):
         pytest.skip(reason)

@@ -50,6 +50,7 @@ SERVED = {
     "zaya1-tp2": ("zaya1", {"tp_size": 2}),
     "lfm2": ("lfm2", {}),
     "lfm2_moe": ("lfm2_moe", {}),
+    "lfm3": ("lfm3", {}),
 }
 
 

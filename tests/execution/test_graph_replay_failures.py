@@ -23,6 +23,7 @@ from graph_helpers import (
     load_pool,
     make_runner,
     pool_snapshot,
+    window_groups,
     zaya_skip_reason,
 )
 
@@ -33,14 +34,17 @@ from shortconv.tiny.checkpoint import make_tiny_checkpoint
 ROWS = [6, 1, 4]
 
 
-@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "zaya1"])
+@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "lfm3", "zaya1"])
 def prefilled(request, tmp_path_factory):
     if request.param == "zaya1" and (reason := zaya_skip_reason()):
         pytest.skip(reason)
     path = make_tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param), seed=4)
     runner = make_runner(path, enable_graphs=False)
     rng = random.Random(2)
-    seqs = Seqs([[rng.randrange(1, 512) for _ in range(3 + 4 * i)] for i in range(NUM_SEQS)])
+    seqs = Seqs(
+        [[rng.randrange(1, 512) for _ in range(3 + 4 * i)] for i in range(NUM_SEQS)],
+        window_groups(runner),
+    )
     seqs.push(list(range(NUM_SEQS)), runner.execute(seqs.prefill()).token_ids)
     return runner, seqs, pool_snapshot(runner)
 

@@ -38,6 +38,7 @@ from graph_helpers import (
     load_pool,
     make_runner,
     pool_snapshot,
+    window_groups,
     zaya_skip_reason,
 )
 
@@ -48,7 +49,7 @@ from shortconv.kernels import attention_dense
 from shortconv.kernels.dispatch import attention_context_buckets, resolve_backend
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
-ARCHS = ["lfm2", "lfm2_moe", "zaya1"]
+ARCHS = ["lfm2", "lfm2_moe", "lfm3", "zaya1"]
 # Prompt lengths: contexts land in all three context buckets (16, 32, 64) after prefill.
 PROMPT_LENS = (3, 14, 9, 30, 5, 17, 40, 12)
 
@@ -66,7 +67,7 @@ def prefilled(request, tmp_path_factory):
         pytest.skip(reason)
     path = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch), seed=11)
     runner = make_runner(path)
-    seqs = Seqs(_prompts(5))
+    seqs = Seqs(_prompts(5), window_groups(runner))
     result = runner.execute(seqs.prefill())
     seqs.push(list(range(NUM_SEQS)), result.token_ids)
     runner.test_model_dir = path  # for a second runner over the same checkpoint
@@ -187,7 +188,9 @@ def test_static_buffers_keep_their_addresses(prefilled):
     load_pool(runner, snap0)
     for n in (8, 3, 1, 6):
         g.run(seqs.decode(list(range(n))))
-        runner.execute(Seqs([[1, 2, 3]]).prefill())  # an eager step views the same buffers
+        runner.execute(
+            Seqs([[1, 2, 3]], window_groups(runner)).prefill()
+        )  # an eager step views the same buffers
     assert g.inputs.graph_step(shape) is step
     assert [t.data_ptr() for t in tensors] == ptrs
 
@@ -202,7 +205,7 @@ def test_no_bucket_fallbacks(prefilled):
     assert not out.used_graph and out.hidden.shape[0] == 3
     long_row = PROMPT_LENS.index(40)  # context 41 fits 64; make one past the last bucket
     assert g.shape_for(seqs.decode([long_row])).context == CONTEXTS[-1]
-    long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)])
+    long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)], window_groups(runner))
     assert g.shape_for(long_seqs.decode([0])) is None
     stats = g.stats()
     assert stats.eager_fallbacks == {"no_bucket": 1, "replay_error": 0}
@@ -217,7 +220,10 @@ def test_runner_routes_decode_through_graphs(prefilled):
     load_pool(runner, snap0)
     load_pool(eager_runner, snap0)
     before = runner.graphs.stats().replays
-    a, b = Seqs([list(t) for t in seqs.tokens]), Seqs([list(t) for t in seqs.tokens])
+    a, b = (
+        Seqs([list(t) for t in seqs.tokens], window_groups(runner)),
+        Seqs([list(t) for t in seqs.tokens], window_groups(runner)),
+    )
     for step in range(6):
         rows = list(range(NUM_SEQS - step))  # the batch shrinks: bucket 8 -> 4 -> 2
         ra, rb = runner.execute(a.decode(rows)), eager_runner.execute(b.decode(rows))
@@ -232,7 +238,7 @@ def test_runner_routes_decode_through_graphs(prefilled):
 def test_prefill_never_uses_graphs(prefilled):
     runner, seqs, snap0 = prefilled
     load_pool(runner, snap0)
-    result = runner.execute(Seqs([[1, 2, 3]]).prefill())
+    result = runner.execute(Seqs([[1, 2, 3]], window_groups(runner)).prefill())
     assert not result.used_graph
 
 
@@ -270,7 +276,10 @@ def test_only_the_torch_path_derives_the_dense_layout(prefilled, monkeypatch):
     monkeypatch.setattr(
         attention_dense, "_build", lambda step: built.append(step.num_seqs) or real(step)
     )
-    decode, prefill = seqs.decode([4, 0, 7]), Seqs([[1, 2, 3], [4] * 9]).prefill()
+    decode, prefill = (
+        seqs.decode([4, 0, 7]),
+        Seqs([[1, 2, 3], [4] * 9], window_groups(runner)).prefill(),
+    )
     for kernels in ("torch", "triton"):
         _use_kernels(kernels, runner, monkeypatch)
         g = graph_runner(runner, (4,))
@@ -302,5 +311,5 @@ def test_triton_captures_one_context_bucket_per_batch_bucket(prefilled, monkeypa
     assert g.stats().num_graphs == 4
     assert "(triton kernels)" in caplog.text
     assert "decode graph 4/4 (batch 1, context" in caplog.text
-    long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)])
+    long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)], window_groups(runner))
     assert g.shape_for(long_seqs.decode([0])) == g.shapes()[-1]

@@ -1,6 +1,6 @@
 """The GPU (Triton) path end to end, on CPU: `SHORTCONV_KERNELS=triton` + `TRITON_INTERPRET=1`.
 
-Tiny LFM2, LFM2-MoE and ZAYA1 checkpoints give transformers' greedy tokens through the Triton
+Tiny LFM2, LFM2-MoE, LFM3 and ZAYA1 checkpoints give transformers' greedy tokens through the Triton
 short-conv, CCA and paged-attention kernels: a batch under chunked prefill (decode rows mixed
 with prefill chunks), requests joining mid-run, and a resumed session. While our engine runs,
 torch's SDPA is never called; the Triton attention kernels are (counted), so the interpreter
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.nn.functional as F
 from oracle import OracleRun, assert_matches_oracle, oracle_greedy
+from triton_path import force_triton_path
 
 from shortconv.configs.config import EngineConfig
 from shortconv.engine.llm_engine import LLMEngine
@@ -32,7 +33,7 @@ from shortconv.tiny.checkpoint import build_hf_model
 
 pytest.importorskip("triton")
 
-ARCHS = ("lfm2", "lfm2_moe", "zaya1")
+ARCHS = ("lfm2", "lfm2_moe", "lfm3", "zaya1")
 LENGTHS = (1, 6, 19, 33)
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -68,44 +69,9 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return c
 
 
-def _counting(calls: Counter[str], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        calls[name] += 1
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _forbidden(name: str) -> Callable[..., Any]:
-    def fail(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError(f"{name} called under SHORTCONV_KERNELS=triton")
-
-    return fail
-
-
 @pytest.fixture
 def triton_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Force the Triton kernels (interpreted), count them, and forbid SDPA, the torch
-    expert paths and the torch attention path's dense layout (gather and mask)."""
-    from shortconv.kernels import attention_dense, attention_triton, moe_triton
-    from shortconv.layers.experts import FusedExperts
-
-    monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    calls: Counter[str] = Counter()
-    counted = [
-        (attention_triton, "paged_attention_decode_triton"),
-        (attention_triton, "paged_attention_extend_triton"),
-        (moe_triton, "fused_moe_triton"),
-    ]
-    for name in ("_expert", "_padded", "_forward_dense"):  # the torch expert paths
-        monkeypatch.setattr(FusedExperts, name, _forbidden(f"FusedExperts.{name}"))
-    # The [B, L] gather and [B, Q, L] mask, derived by the torch attention path only.
-    monkeypatch.setattr(attention_dense, "_build", _forbidden("attention_dense._build"))
-    for mod, name in counted:
-        monkeypatch.setattr(mod, name, _counting(calls, name, getattr(mod, name)))
-    monkeypatch.setattr(F, "scaled_dot_product_attention", _forbidden("torch SDPA"))
-    yield calls
+    yield force_triton_path(monkeypatch)
 
 
 def _run(eng: LLMEngine, prompt: list[int], session: str | None) -> tuple[list[int], int]:
@@ -157,5 +123,5 @@ def _oracle_outside(case: Case, prompt: list[int]) -> OracleRun:
 def _assert_kernels_ran(calls: Counter[str], arch: str) -> None:
     assert calls["paged_attention_decode_triton"] > 0, calls
     assert calls["paged_attention_extend_triton"] > 0, calls
-    if arch != "lfm2":
+    if arch in ("lfm2_moe", "zaya1"):
         assert calls["fused_moe_triton"] > 0, calls

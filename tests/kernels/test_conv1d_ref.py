@@ -58,7 +58,7 @@ def expected(x, weight, bias, states, qsl, slots, has_init, pad_slot_id):
 
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dim", [7, 33])
-@pytest.mark.parametrize("width", [2, 3, 4, 5])
+@pytest.mark.parametrize("width", [2, 3, 4, 5, 6, 7, 8])
 def test_fn_matches_conv1d(width: int, dim: int, idx_dtype: torch.dtype) -> None:
     pad = -1
     x, weight, bias, states, qsl, slots, has_init = make_batch(dim, width, idx_dtype, pad)
@@ -77,7 +77,7 @@ def test_fn_matches_conv1d(width: int, dim: int, idx_dtype: torch.dtype) -> None
 
 
 @pytest.mark.parametrize("pad_slot_id", [-1, 2])
-@pytest.mark.parametrize("width", [2, 5])
+@pytest.mark.parametrize("width", [2, 5, 7, 8])
 def test_pad_slot_and_neighbours_untouched(width: int, pad_slot_id: int) -> None:
     x, weight, bias, states, qsl, slots, has_init = make_batch(7, width, torch.int64, pad_slot_id)
     before = states.clone()
@@ -108,7 +108,7 @@ def test_pad_row_does_not_clobber_live_slot_zero() -> None:
     assert torch.equal(states[0], torch.cat([prev, xd[1, :, None]], dim=1)[:, 1:])
 
 
-@pytest.mark.parametrize("width", [2, 3, 4, 5])
+@pytest.mark.parametrize("width", [2, 3, 4, 5, 6, 7, 8])
 def test_short_sequence_state_keeps_prior_columns(width: int) -> None:
     dim = 5
     x = torch.randn(dim, 1) + 0.5
@@ -124,7 +124,7 @@ def test_short_sequence_state_keeps_prior_columns(width: int) -> None:
 
 
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("width", [2, 3, 4, 5])
+@pytest.mark.parametrize("width", [2, 3, 4, 5, 6, 7, 8])
 def test_update_steps_equal_fn(width: int, idx_dtype: torch.dtype) -> None:
     """Prefill a prefix, then decode token by token == one prefill over all tokens."""
     dim, steps, prefix = 33, 4, (3, 1, 6)

@@ -19,12 +19,15 @@ from shortconv.kernels.conv1d_ref import (  # noqa: E402
     causal_conv1d_update_ref,
 )
 from shortconv.kernels.conv1d_triton import (  # noqa: E402
+    MAX_WIDTH,
     causal_conv1d_fn_triton,
     causal_conv1d_update_triton,
 )
 
 N_SLOTS = 10
 PAD = -1
+# Every short-conv width the kernels take (2..MAX_WIDTH): LFM2's 3, LFM3's 7 and around them.
+WIDTHS = list(range(2, MAX_WIDTH + 1))
 DEVICES = [
     "cpu",
     pytest.param(
@@ -64,7 +67,7 @@ def make_batch(dim: int, width: int, idx_dtype: torch.dtype, dtype: torch.dtype,
 
 
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("width", [2, 3, 4, 5])
+@pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("dim", [7, 64])
 def test_fn_matches_ref(device: str, dim: int, width: int, idx_dtype: torch.dtype) -> None:
     x, weight, bias, states, qsl, slots, has_init = make_batch(
@@ -88,7 +91,7 @@ def test_fn_matches_ref(device: str, dim: int, width: int, idx_dtype: torch.dtyp
 
 
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("width", [2, 3, 4, 5])
+@pytest.mark.parametrize("width", WIDTHS)
 def test_update_matches_ref(device: str, width: int, idx_dtype: torch.dtype) -> None:
     dim = 64
     _, weight, bias, states, *_ = make_batch(dim, width, idx_dtype, torch.float32, device)
@@ -107,7 +110,7 @@ def test_update_matches_ref(device: str, width: int, idx_dtype: torch.dtype) -> 
         assert torch.equal(states[slot], before[slot]), slot
 
 
-@pytest.mark.parametrize("width", [2, 5])
+@pytest.mark.parametrize("width", [2, 5, 7, 8])
 def test_prefill_then_decode_equals_full_prefill(device: str, width: int) -> None:
     dim, steps = 7, 3
     x, weight, bias, states, qsl, slots, has_init = make_batch(

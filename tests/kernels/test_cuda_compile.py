@@ -9,8 +9,12 @@ Compiles go to a temporary Triton cache (nothing is cached outside tmp); about 3
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
@@ -22,6 +26,8 @@ import compile_cases as cc  # noqa: E402
 import cuda_compile  # noqa: E402
 import triton.language as tl  # noqa: E402
 from sm90_harness import compile_only_sm90, parse_ptxas_log, run_launch  # noqa: E402
+
+T = TypeVar("T")
 
 # The kernels of each family, and the ones whose products must run on tensor cores.
 EXPECTED = {
@@ -38,9 +44,24 @@ EXPECTED = {
 TENSOR_CORES = {"_cca_kernel", "decode_kernel", "extend_kernel", "_gate_up_kernel", "_down_kernel"}
 
 
+def _in_fresh_process(fn: Callable[..., T], *args: object) -> T:
+    """fn(*args) in a spawned process without TRITON_INTERPRET.
+
+    NOTE: when TRITON_INTERPRET was set as triton was first imported (`TRITON_INTERPRET=1
+    pytest tests/kernels`), triton.language's own @jit helpers (the combine functions the
+    attention kernels reduce with) are interpreter objects for the life of the process, and
+    the compile path's first import of triton's gluon asserts they are not: compiles must run
+    in a process whose triton never saw the interpreter."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("TRITON_INTERPRET", raising=False)
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+            return pool.submit(fn, *args).result()
+
+
 @pytest.fixture(scope="module")
 def quick_lines() -> list[cuda_compile.Line]:
-    return cuda_compile.quick_sweep(echo=False)
+    return _in_fresh_process(cuda_compile.quick_sweep, False)
 
 
 def test_every_kernel_compiles_for_sm90_in_every_dtype(quick_lines) -> None:  # noqa: ANN001
@@ -75,9 +96,13 @@ def _broken_family(rank: cc.RankShape, dtype: torch.dtype, quick: bool):  # noqa
     yield cc.Launch("8-row dot", call)
 
 
-def test_a_broken_kernel_fails_the_sweep() -> None:
+def _broken_sweep() -> list[cuda_compile.Line]:
     rank = cc.rank_shape("LFM2-350M", 1)
-    lines = cuda_compile.sweep([rank], (torch.bfloat16,), True, {"broken": _broken_family}, False)
+    return cuda_compile.sweep([rank], (torch.bfloat16,), True, {"broken": _broken_family}, False)
+
+
+def test_a_broken_kernel_fails_the_sweep() -> None:
+    lines = _in_fresh_process(_broken_sweep)
     failed, _ = cuda_compile.failures(lines)
     assert [ln.rec.kernel for ln in failed] == ["_dot_on_8_rows"], lines
     assert "FAILED" in failed[0].format() and "CompilationError" in failed[0].rec.error

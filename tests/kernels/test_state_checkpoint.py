@@ -26,7 +26,7 @@ def _case(k: int, dtype: torch.dtype):
     return x, state, qsl, slots, has_init, seq, length, dst
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 6, 7])  # K = W - 1 of short convs up to width 8
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_vectorised_equals_reference(k: int, dtype: torch.dtype) -> None:
     x, state, *rest = _case(k, dtype)
@@ -38,9 +38,10 @@ def test_vectorised_equals_reference(k: int, dtype: torch.dtype) -> None:
     assert torch.equal(a[untouched], state[untouched])  # only the checkpoint slots changed
 
 
-def test_checkpoint_equals_the_state_after_that_many_tokens() -> None:
+@pytest.mark.parametrize("width", [2, 3, 4, 7, 8])
+def test_checkpoint_equals_the_state_after_that_many_tokens(width: int) -> None:
     torch.manual_seed(0)
-    dim, width, t = 5, 4, 9
+    dim, t = 5, 9
     x = torch.randn(dim, t)
     w = torch.randn(dim, width)
     init = torch.randn(dim, width - 1)

@@ -21,7 +21,7 @@ from shortconv.tiny.checkpoint import (
     set_skip_bias_,
 )
 
-ARCHS = ["lfm2", "lfm2_moe", "zaya1"]
+ARCHS = ["lfm2", "lfm2_moe", "lfm3", "zaya1"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -176,6 +176,20 @@ def test_saved_expert_layouts(cli_dirs: dict[str, Path]) -> None:
     assert "model.layers.0.mlp.gate.router_states_scale" not in zaya  # layer 0 has no EDA
     assert zaya["model.layers.1.mlp.gate.router_states_scale"] == [32]
     assert all("lm_head" not in k for k in (*moe, *zaya))  # tied embeddings
+
+
+def test_saved_lfm3_layout(cli_dirs: dict[str, Path]) -> None:
+    """Both attention kinds, conv width 7, the gate saved as `gate_proj` (transformers renames
+    it to `g_proj` on load) and the sandwich norms."""
+    with safe_open(str(cli_dirs["lfm3"] / "model.safetensors"), "pt") as f:
+        got = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    cfg = json.loads((cli_dirs["lfm3"] / "config.json").read_text())
+    assert {"sliding_attention", "full_attention", "conv"} <= set(cfg["layer_types"])
+    assert got["model.layers.0.conv.conv.weight"] == [64, 1, 7]
+    assert got["model.layers.1.self_attn.gate_proj.weight"] == [8, 64]
+    assert got["model.layers.3.self_attn.q_norm.weight"] == [16]
+    assert got["model.layers.0.post_operator_norm.weight"] == [64]
+    assert got["model.layers.0.post_ffn_norm.weight"] == [64]
 
 
 def test_cli_set_overrides(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from shortconv.execution.worker_spec import Capacity, WorkerSpec, plan_worker_sp
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "zaya1"])
+@pytest.mark.parametrize("arch", ["lfm2", "lfm3", "zaya1"])
 def test_runner_allocates_weights_in_the_target_dtype(
     arch: str, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

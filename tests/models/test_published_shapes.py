@@ -3,7 +3,8 @@
 For LFM2-350M, LFM2-1.2B, LFM2-2.6B, LFM2-8B-A1B and ZAYA1-8B (tests/published_configs.py) at
 tp_size 1, 2, 4 and 8: every rank's shard shapes, state-pool shapes, bytes per slot, KV bytes
 per page and the KV page count a rank gets from the default 1 GiB budget, against numbers
-worked out by hand in the tables below (bf16, KV pages of 16 tokens).
+worked out by hand in the tables below (bf16, KV pages of 16 tokens). LFM3-1.7B: its rank
+shard and conv-state shapes (its KV pool's layout is the window-aware pool's business).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 import torch
-from published_configs import LFM2_1_2B, LFM2_2_6B, LFM2_8B_A1B, LFM2_350M, ZAYA1_8B
+from published_configs import LFM2_1_2B, LFM2_2_6B, LFM2_8B_A1B, LFM2_350M, LFM3_1_7B, ZAYA1_8B
 
+from shortconv.cache.kv_groups import kv_specs
 from shortconv.cache.state_pool import StatePool
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.support import check_support
@@ -88,7 +90,8 @@ def build_rank(cfg: ModelConfig, tp: int, rank: int) -> tuple[dict[str, tuple[in
 def pool_bytes(cfg: ModelConfig, cls: Any, tp: int, rank: int) -> tuple[int, int, StatePool]:
     """(state bytes per slot, KV bytes per page, a meta-device pool of 3 slots and 4 pages)."""
     tp_ctx = ParallelContext(rank, tp)
-    specs, kv = cls.state_specs(cfg, tp_ctx), cls.kv_spec(cfg, tp_ctx, ENGINE, 4)
+    specs = cls.state_specs(cfg, tp_ctx)
+    (kv,) = kv_specs(cfg, tp_ctx, ENGINE.kv_page_size, 4)  # one KV group: no sliding window
     pool = StatePool(specs, kv, 3, BF16, torch.device("meta"))
     per_slot = sum(s.bytes_per_slot(BF16.itemsize) for s in specs)
     per_page = kv.bytes_per_page(BF16.itemsize)
@@ -163,6 +166,31 @@ def test_zaya1_8b_rank_shapes(tp: int) -> None:
         assert pool.states["prev_state"].shape == (40, 3, prev)
         assert pool.k_cache is not None and pool.k_cache.shape == (40, 64, k // 128, 128)
     assert pages(cfg, tp) == n_pages
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_lfm3_1_7b_rank_shapes(tp: int) -> None:
+    """16 q / 4 KV heads: tp 2 and 4 split the KV heads, tp 8 holds each on two ranks; the
+    gate shards with the query heads; conv state is [13 layers, slots, 2048 / tp, 6]."""
+    cfg = ModelConfig.from_hf_dict(LFM3_1_7B)
+    check_support(cfg, CPU, tp)
+    assert (len(cfg.conv_layer_ids), len(cfg.sliding_layer_ids)) == (13, 5)
+    q_rows, kv_rows, h = 16 * 128 // tp, max(1, 4 // tp) * 128, 2048
+    for rank in (0, tp - 1):
+        shapes, cls = build_rank(cfg, tp, rank)
+        for layer in (2, 4):  # full, sliding
+            a = f"layers.{layer}.self_attn"
+            assert shapes[f"{a}.q_proj.weight"] == (q_rows, h)
+            assert shapes[f"{a}.k_proj.weight"] == shapes[f"{a}.v_proj.weight"] == (kv_rows, h)
+            assert shapes[f"{a}.g_proj.weight"] == (16 // tp, h)
+            assert shapes[f"{a}.out_proj.weight"] == (h, q_rows)
+            assert shapes[f"{a}.q_layernorm.weight"] == (128,)
+        assert shapes["layers.0.conv.conv_weight"] == (h // tp, 7)
+        assert shapes["layers.0.post_operator_norm.weight"] == (h,)
+        assert shapes["layers.4.feed_forward.w1.weight"] == (7680 // tp, h)
+        assert shapes["embed_tokens.weight"] == (128000 // tp, h)
+        conv = cls.state_specs(cfg, ParallelContext(rank, tp))[0]
+        assert (conv.layer_ids, conv.shape) == (cfg.conv_layer_ids, (h // tp, 6))
 
 
 def test_lfm2_350m_at_tp16_replicates_each_kv_head_on_two_ranks() -> None:

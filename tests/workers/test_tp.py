@@ -5,7 +5,8 @@ per TP size (started on first use), shared by several engines (chunked prefill, 
 sessions) whose pools have the same capacity: a fresh request never reads state it did not
 write, so reuse is safe. LFM2 and ZAYA1 have 8 query / 2 KV heads, so TP=2 gives each rank one
 KV head (ZAYA1: rank 0 the current-token head, rank 1 the previous-token head) and TP=4
-replicates each KV head on two ranks.
+replicates each KV head on two ranks. LFM3 has 8 query / 4 KV heads (as the released 16 / 4):
+TP=2 and TP=4 both split the KV heads; its sliding layers' window (8) is one KV page.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ OVERRIDES = {
     "lfm2": {"num_attention_heads": 8, "num_key_value_heads": 2},
     "zaya1": {"num_attention_heads": 8, "num_key_value_heads": 2},
 }
-TP_SIZES = {"lfm2": (2, 4), "lfm2_moe": (2,), "zaya1": (2, 4)}
+TP_SIZES = {"lfm2": (2, 4), "lfm2_moe": (2,), "lfm3": (2, 4), "zaya1": (2, 4)}
 WORKER_CPUS = 0.25  # a TP=2 and a TP=4 group of one arch fit the runtime's 2 CPUs together
 
 
@@ -99,10 +100,11 @@ class Group:
         return LLMEngine(replace(self.spec, engine_cfg=eng), ex)
 
 
-@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "zaya1"])
+@pytest.fixture(scope="module", params=["lfm2", "lfm2_moe", "lfm3", "zaya1"])
 def group(request, ray_runtime, tmp_path_factory):
     arch = request.param
-    if arch == "zaya1" and (reason := transformers_lacks("zaya")):
+    model_type = {"zaya1": "zaya", "lfm3": "lfm3"}.get(arch)
+    if model_type and (reason := transformers_lacks(model_type)):
         pytest.skip(reason)  # the one documented skip: no transformers to write the checkpoint
     ckpt = make_tiny_checkpoint(
         arch, tmp_path_factory.mktemp(arch), OVERRIDES.get(arch), seed=7, with_tokenizer=False
@@ -219,8 +221,13 @@ def test_tp_session_resume_equals_tp1(group: Group, tp: int) -> None:
 # LFM2-MoE: 4 query / 2 KV heads (head_dim 16), 2 conv and 2 attention layers.
 # ZAYA1: head_dim 16, 3 layers; conv channels (own query heads + KV heads) * 16; the
 # previous-token width is the rank's share of the 2 * 16 / 2 = 16 previous-token channels,
-# all on the rank(s) holding KV head 1.
+# all on the rank(s) holding KV head 1. LFM3: 64 channels, width 7, 3 conv and 3 attention
+# layers of 6, 4 KV heads of 16; KV in two groups (docs/kv_memory.md): the full layer's 32
+# pages, and the 2 sliding layers' (window 8: 2 pages a row) 1 + 4 rows * (2 + 1) + 512 / 8
+# (a step's chunks) + (9 - 1 - 4) spare slots * 2 = 85 pages of 8.
 EXPECTED_STATES = {
+    ("lfm3", 2): [{"conv": (3, 16, 32, 6), "kv": (1, 256, 2, 16), "kv1": (2, 680, 2, 16)}] * 2,
+    ("lfm3", 4): [{"conv": (3, 16, 16, 6), "kv": (1, 256, 1, 16), "kv1": (2, 680, 1, 16)}] * 4,
     ("lfm2", 2): [{"conv": (4, 16, 32, 2), "kv": (2, 256, 1, 8)}] * 2,
     ("lfm2", 4): [{"conv": (4, 16, 16, 2), "kv": (2, 256, 1, 8)}] * 4,
     ("lfm2_moe", 2): [{"conv": (2, 16, 32, 2), "kv": (2, 256, 1, 16)}] * 2,

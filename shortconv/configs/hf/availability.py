@@ -1,9 +1,9 @@
 """Whether the installed transformers can build a given architecture.
 
 The GPU machine pins an older transformers (5.17) than the development environment (5.24), and
-an architecture added in between (ZAYA's `zaya`) may be missing there. Tests and benchmarks that
-need transformers for a checkpoint or an oracle ask here first and fall back (our own torch
-reference) or skip with this reason instead of crashing.
+an architecture added in between (ZAYA's `zaya`, LFM3's `lfm3`) may be missing there. Tests and
+benchmarks that need transformers for a checkpoint or an oracle ask here first and fall back
+(our own torch reference) or skip with this reason instead of crashing.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shortconv.configs.hf.common import eos_ids, head_dim_of
+from shortconv.configs.hf.common import eos_ids, head_dim_of, map_layer_types
 from shortconv.configs.hf.transformers_class import require_transformers_config
 from shortconv.errors import ConfigError
 
@@ -39,12 +39,7 @@ def _layer_types(c: Any, arch: str) -> tuple[str, ...]:
     types = c.layer_types
     if types is None:  # Lfm2MoeConfig has no default (its modelling code would fail too)
         raise ConfigError(f"{arch} config.json has no layer_types")
-    if len(types) != c.num_hidden_layers:
-        raise ConfigError(f"layer_types has {len(types)} entries for {c.num_hidden_layers} layers")
-    unknown = sorted({t for t in types if t not in _LAYER_TYPES})
-    if unknown:
-        raise ConfigError(f"unknown LFM2 layer types {unknown}; expected conv, full_attention")
-    return tuple(_LAYER_TYPES[t] for t in types)
+    return map_layer_types(list(types), int(c.num_hidden_layers), _LAYER_TYPES, "LFM2")
 
 
 def _rope_theta(c: Any) -> float:

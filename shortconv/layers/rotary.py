@@ -3,6 +3,8 @@ proportional (LFM3's full attention: a full-head rotation whose last frequencies
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -50,7 +52,9 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer("cos", emb.cos(), persistent=False)
             self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+    def _apply(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> RotaryEmbedding:
         if self.fp32:  # NOTE: fp32 tables follow the model's device, never its dtype
             device = fn(torch.empty(0, device=self.cos.device)).device
             self.cos, self.sin = self.cos.to(device), self.sin.to(device)

@@ -10,6 +10,7 @@ together.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import logging
 from typing import Any
@@ -22,24 +23,24 @@ from deployments.engine_types import EngineLike
 from deployments.metrics_sink import attach_ray_metrics
 from deployments.model_source import resolve_model, served_model_name
 from deployments.openai_api import ApiConfig, OpenAIReplica
+from workers.cpu_threads import follow_reservation
 
 log = logging.getLogger(__name__)
 
 
-def build_engine(args: AppArgs) -> EngineLike:
-    """The real engine (the default `engine_factory`)."""
-    from shortconv.llm import build_engine as build_llm_engine
+def build_engine(args: AppArgs, worker_num_cpus: float | None = None) -> EngineLike:
+    """The real engine (the default `engine_factory`); with tp_size > 1 each rank reserves
+    `worker_num_cpus` (deployments/cpu_plan.py), its bundle in the replica's group."""
+    from shortconv.engine.llm_engine import LLMEngine
+    from shortconv.execution.worker_spec import plan_worker_spec
+    from shortconv.llm import build_executor
 
     model_dir = resolve_model(args)
     log.info("loading %s (tp_size=%d, %s)", model_dir, args.tp_size, args.device)
-    return build_llm_engine(
-        model_dir,
-        tp_size=args.tp_size,
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        engine_config=args.engine_config(),
-    )
+    spec = plan_worker_spec(model_dir, args.engine_config(), args.dtype, args.device, args.tp_size)
+    ray_options = {} if worker_num_cpus is None else {"num_cpus_per_worker": worker_num_cpus}
+    executor = build_executor(spec, args.tp_size, **ray_options)
+    return LLMEngine(spec, executor, seed=args.seed)
 
 
 def import_attr(path: str) -> Any:
@@ -55,9 +56,20 @@ class LLMServer(OpenAIReplica):
     """One replica: the engine loop, the OpenAI methods, and session and prefix reports for
     the router. NOTE: not an ingress: only OpenAIIngress speaks HTTP."""
 
-    async def __init__(self, args: dict[str, Any], engine_factory: str | None = None) -> None:
+    async def __init__(
+        self,
+        args: dict[str, Any],
+        engine_factory: str | None = None,
+        worker_num_cpus: float | None = None,
+    ) -> None:
         app_args = AppArgs.model_validate(args)
-        factory = import_attr(engine_factory) if engine_factory else build_engine
+        if app_args.tp_size == 1:
+            follow_reservation("replica")  # tp_size > 1: the ranks compute, each its own
+        factory = (
+            import_attr(engine_factory)
+            if engine_factory
+            else functools.partial(build_engine, worker_num_cpus=worker_num_cpus)
+        )
         # NOTE: loading happens off the event loop so the replica stays responsive to Serve.
         engine = await asyncio.to_thread(factory, app_args)
         # NOTE: before the loop starts, so every series exists (at 0) from the replica's start;

@@ -7,12 +7,14 @@ from collections import deque
 from dataclasses import replace
 
 import ray
+import torch
 import torch.distributed as dist
 
 from shortconv.engine.plan import StepPlan, StepResult
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import WorkerSpec
+from workers.cpu_threads import follow_reservation
 from workers.dist_init import destroy_distributed, free_port, init_distributed, local_device
 
 # Per-step compute times kept for benchmarks; bounded so a long-running server never grows it.
@@ -27,6 +29,7 @@ class TPWorker:
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
+        follow_reservation(f"TP rank {rank}")
         self.runner: ModelRunner | None = None
         self._timings: deque[tuple[int, float]] = deque(maxlen=_MAX_TIMINGS)
 
@@ -56,6 +59,10 @@ class TPWorker:
     # ---- introspection (health checks, tests, benchmarks) ----------------------------------
     def ping(self) -> int:
         return self.rank
+
+    def torch_threads(self) -> int:
+        """Torch's intra-op threads on this rank's own threads (follows its reserved CPUs)."""
+        return torch.get_num_threads()
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return self._ready().state_shapes()

@@ -119,12 +119,11 @@ def ingress_options(args: AppArgs) -> dict[str, Any]:
 def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any) -> Application:
     """OpenAIIngress bound to LLMServer; `overrides` replace LLMServer's deployment options
     (tests: num_replicas=2, ...)."""
-    cpus = cpu_plan(args.replica_num_cpus, args.tp_size)
-    opts = deployment_options(args, cpus)
+    opts = deployment_options(args)
     if "num_replicas" in overrides:
         opts.pop("autoscaling_config")
     opts.update(overrides)
-    llm = LLMServer.options(**opts).bind(args.model_dump(), engine_factory, cpus.per_worker)
+    llm = LLMServer.options(**opts).bind(args.model_dump(), engine_factory)
     cfg = {
         "model_name": served_model_name(args),
         "max_request_bytes": args.max_request_bytes,

@@ -11,7 +11,7 @@ import yaml
 from deployments.app import deployment_options, parse_args
 from deployments.cpu_plan import INGRESS_NUM_CPUS, CpuPlan, cpu_plan
 from workers.cpu_threads import threads_for
-from workers.ray_executor import DEFAULT_WORKER_CPUS
+from workers.ray_executor import DEFAULT_WORKER_CPUS, bundle_cpus
 
 DEPLOYMENTS = Path(__file__).resolve().parents[2] / "deployments"
 
@@ -51,3 +51,10 @@ def test_shipped_yamls_fill_the_machine_with_one_replica(path: Path) -> None:
     args = parse_args(app["args"])
     if args.device == "cpu":
         assert args.replica_num_cpus == "all" and args.max_replicas == 1
+
+
+def test_ranks_take_their_bundles_less_the_replicas_share() -> None:
+    """Inside a replica's group each TP rank reserves its bundle (bundle 0: less the replica)."""
+    opts = deployment_options(parse_args({"tp_size": 2}), CpuPlan(0.5, 3.5))
+    assert bundle_cpus(opts["placement_group_bundles"], 0.5) == [3.5, 3.5]
+    assert bundle_cpus([{"CPU": 0.5}], 1.0) == [0.0]  # never negative

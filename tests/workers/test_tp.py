@@ -257,6 +257,16 @@ def test_each_rank_computes_on_its_reserved_cpus(group: Group, tp: int) -> None:
 
 
 @TP
+def test_each_rank_reports_its_start(group: Group, tp: int) -> None:
+    reports = group.executor(tp).startup_reports()
+    assert [r.who.split(" (")[0] for r in reports] == [f"TP rank {r}" for r in range(tp)]
+    for r in reports:
+        assert [name for name, _ in r.phases][:2] == ["join", "weights"]
+        assert "state_pool" in dict(r.phases) and r.rss_bytes > 50 * 2**20
+        assert "RSS" in r.line()
+
+
+@TP
 def test_slot_ids_identical_across_ranks(group: Group, tp: int) -> None:
     """Slots come from the plan: every rank resolves the same cache_indices, step by step."""
     engine = group.engine(tp)

@@ -62,16 +62,19 @@ def _procs() -> dict[int, tuple[int, list[str]]]:
 
 
 def tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants (a server and every process it started)."""
-    procs, tree, total = _procs(), {pid}, 0
+    """Resident bytes of `pid` and all its descendants (a server and every process it started);
+    prints each process of 50 MB or more, so the sum can be read process by process."""
+    procs, tree = _procs(), {pid}
     grew = True
     while grew:
         more = {p for p, (ppid, _) in procs.items() if ppid in tree} - tree
         tree |= more
         grew = bool(more)
-    for p in tree:
-        total += rss_of(p)
-    return total
+    sizes = sorted(((rss_of(p), p) for p in tree), reverse=True)
+    for rss, p in sizes:
+        if rss >= 50e6:
+            print(f"#   {rss / 1e6:6.0f} MB  {' '.join(procs[p][1])[:90]}", flush=True)
+    return sum(rss for rss, _ in sizes)
 
 
 def rss_of(pid: int) -> int:
@@ -87,13 +90,14 @@ def rss_of(pid: int) -> int:
 async def load(url: str, conc: int, requests: int, args: argparse.Namespace) -> dict[str, float]:
     """`conc` closed-loop clients until `requests` streamed completions are done."""
     rng, results = random.Random(args.seed), []
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     prompts = [[rng.randrange(3, 250) for _ in range(args.prompt_tokens)] for _ in range(requests)]
     limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         while prompts:
             body = {"prompt": prompts.pop(), "max_tokens": args.max_tokens, "temperature": 0.0}
-            body.update(ignore_eos=True, model="bench")
+            body.update(ignore_eos=True, model=model)
             results.append(await stream_one(client, "/v1/completions", body, {}))
 
     async with httpx.AsyncClient(base_url=url, timeout=args.request_timeout, limits=limits) as c:
@@ -105,6 +109,10 @@ async def load(url: str, conc: int, requests: int, args: argparse.Namespace) -> 
 
 def summarize(results: list[Result], wall: float) -> dict[str, float]:
     ok = [r for r in results if r.ok and r.gaps]
+    for r in results:
+        if r.error:
+            print(f"#   error: {r.error}", flush=True)
+            break
     gaps = [g for r in ok for g in r.gaps]
     # NOTE: a server that reports no usage still streamed one token per content event.
     out = sum(r.out_tokens or len(r.gaps) + 1 for r in ok)

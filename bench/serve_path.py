@@ -33,7 +33,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from serve_load import launched, stream_one  # noqa: E402
+from serve_load import stream_one  # noqa: E402
+from serve_procs import cpu_snapshot, cpu_used, ours  # noqa: E402
 
 from deployments.async_engine import AsyncEngine  # noqa: E402
 from shortconv.configs.config import EngineConfig  # noqa: E402
@@ -89,18 +90,26 @@ def in_process(model_dir: Path, prompt: list[int], params: SamplingParams, repea
 
 
 def through_serve(args: argparse.Namespace, prompt: list[int]) -> dict:
-    overrides = [f"model={args.model}"] if args.model else [f"tiny_arch={args.tiny}"]
+    """TPOT through `serve run`, and the CPU each of its processes spent per output token."""
+    model_args = {"model": args.model} if args.model else {"tiny_arch": args.tiny}
     t0 = time.perf_counter()
-    with launched(str(ROOT / "deployments" / "lfm2.yaml"), 600.0, overrides) as url:
+    with ours(model_args, 600.0) as (url, pid):
         ready = time.perf_counter() - t0
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         asyncio.run(serve_tpot(url, model, prompt, args.max_tokens))  # warm-up
+        before = cpu_snapshot(pid)
         tpots = [
             asyncio.run(serve_tpot(url, model, prompt, args.max_tokens))
             for _ in range(args.repeats)
         ]
+        per_token = [(s / (args.repeats * args.max_tokens), n) for s, n in cpu_used(before, pid)]
         startup = httpx.get(f"{url}/v1/internal/stats", timeout=30).json().get("startup", {})
-    return {"serve": statistics.median(tpots), "ready_s": ready, "startup": startup}
+    return {
+        "serve": statistics.median(tpots),
+        "ready_s": ready,
+        "startup": startup,
+        "cpu_per_token": per_token,
+    }
 
 
 def tiny_checkpoint(arch: str) -> Path:
@@ -131,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
         added = "" if prev is None else f"{value - prev:+.2f}"
         print(f"| {name} | {value:.2f} | {added} |")
         prev = value
+    for cpu, name in got.get("cpu_per_token", []):
+        if cpu >= 1e-4:
+            print(f"# CPU per output token {1e3 * cpu:6.2f} ms  {name}")
     if "ready_s" in got:
         print(f"# ready {got['ready_s']:.1f}s after `serve run`; replica start-up:")
         print(json.dumps(got["startup"], indent=1))

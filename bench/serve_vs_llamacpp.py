@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
@@ -43,48 +42,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import serve_llamacpp as llama  # noqa: E402
 from serve_load import Result, pct, stream_one  # noqa: E402
 from serve_path import engine_tpot  # noqa: E402
+from serve_procs import ours, tree_rss  # noqa: E402
 
-from deployments.serve_run import free_port, serve_run  # noqa: E402
-
-
-def _procs() -> dict[int, tuple[int, list[str]]]:
-    """Every process now: pid -> (parent pid, command line), from /proc."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmd = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            except (OSError, ValueError, IndexError):
-                continue
-            out[int(d.name)] = (ppid, cmd)
-    return out
-
-
-def tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants (a server and every process it started);
-    prints each process of 50 MB or more, so the sum can be read process by process."""
-    procs, tree = _procs(), {pid}
-    grew = True
-    while grew:
-        more = {p for p, (ppid, _) in procs.items() if ppid in tree} - tree
-        tree |= more
-        grew = bool(more)
-    sizes = sorted(((rss_of(p), p) for p in tree), reverse=True)
-    for rss, p in sizes:
-        if rss >= 50e6:
-            print(f"#   {rss / 1e6:6.0f} MB  {' '.join(procs[p][1])[:90]}", flush=True)
-    return sum(rss for rss, _ in sizes)
-
-
-def rss_of(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+from deployments.serve_run import free_port  # noqa: E402
 
 
 async def load(url: str, conc: int, requests: int, args: argparse.Namespace) -> dict[str, float]:
@@ -124,16 +84,6 @@ def summarize(results: list[Result], wall: float) -> dict[str, float]:
         "ttft_p50": pct([r.ttft for r in ok if r.ttft is not None], 0.5),
         "errors": float(len(results) - len(ok)),
     }
-
-
-@contextmanager
-def ours(model_dir: Path, timeout_s: float) -> Iterator[tuple[str, int]]:
-    """`serve run deployments/lfm2.yaml` with only `model` set; yields (URL, its pid)."""
-    config = yaml.safe_load((ROOT / "deployments" / "lfm2.yaml").read_text())
-    config["applications"][0]["args"]["model"] = str(model_dir)
-    with serve_run(config, timeout_s) as (url, log):
-        cfg = str(log.parent / "serve.yaml")  # NOTE: serve_run's layout: the config beside the log
-        yield url, next(pid for pid, (_, cmd) in _procs().items() if cfg in cmd)
 
 
 @contextmanager
@@ -259,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     offline_s = offline_tpot(model_dir, args)
     rows: list[dict[str, Any]] = []
     for _ in range(args.rounds):
-        rows += measure("shortconv serve run", ours(model_dir, args.start_timeout), args)
+        served = ours({"model": str(model_dir)}, args.start_timeout)
+        rows += measure("shortconv serve run", served, args)
         if side is not None:
             rows += measure("llama-server f32", theirs(*side, args.start_timeout), args)
     out = table(rows, offline_s)

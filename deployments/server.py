@@ -30,6 +30,9 @@ from workers.cpu_threads import follow_reservation
 from workers.startup import PhaseClock, StartupReport
 
 log = logging.getLogger(__name__)
+# NOTE: inside a replica only Serve's logger reaches the replica's log and `serve run`'s output
+# (the root logger drops INFO), so what a user must see at start goes through it.
+serve_log = logging.getLogger("ray.serve")
 
 
 def build_engine(args: AppArgs, clock: PhaseClock | None = None) -> EngineLike:
@@ -64,9 +67,9 @@ def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> 
     each TP rank's own report."""
     executor = getattr(engine, "executor", None)
     ranks = executor.startup_reports() if hasattr(executor, "startup_reports") else []
-    log.info("%s; torch threads %d", report.line(), threads)
+    serve_log.info("%s; torch threads %d", report.line(), threads)
     for rank in ranks:
-        log.info("%s", rank.line())
+        serve_log.info("%s", rank.line())
     return {
         **dataclasses.asdict(report),
         "torch_threads": threads,

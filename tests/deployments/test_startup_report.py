@@ -34,7 +34,7 @@ def test_start_path_reports_its_phases_and_memory(
         report = clock.report("replica")
         assert report.rss_bytes > 50 * 2**20  # torch and the model are in it
         assert report.total_s >= sum(s for _, s in clock.phases)
-        with caplog.at_level(logging.INFO, logger="deployments.server"):
+        with caplog.at_level(logging.INFO, logger="ray.serve"):
             summary = startup_summary(report, 2, engine)
         (line,) = [r.getMessage() for r in caplog.records if "replica start:" in r.getMessage()]
         for name in names:

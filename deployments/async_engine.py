@@ -8,6 +8,7 @@ consumer goes away (client disconnect, cancellation) is aborted, freeing its slo
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
@@ -38,6 +39,19 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5  # how long an idle loop waits for a command between sweeps (TTL, gauges)
 _STATS_PERIOD_S = 0.1  # the stats snapshot is refreshed at most this often while busy
 _HEALTH_TIMEOUT_S = 30.0  # a step that blocks the loop this long makes the replica unhealthy
+
+# Engines whose loop thread runs; stopped at interpreter exit (see `_stop_running_loops`).
+_running: weakref.WeakSet[AsyncEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running_loops() -> None:
+    """NOTE: a daemon loop thread still inside a torch op while the interpreter tears down runs
+    under libtorch's static destructors, and the process aborts after its work is done
+    ("terminate called without an active exception"). Stop every loop first: the step in
+    flight finishes, then the thread returns."""
+    for engine in list(_running):
+        engine.shutdown()
 
 
 class _Admission:
@@ -72,6 +86,7 @@ class AsyncEngine:
     def start(self) -> None:
         self._publish_stats(force=True)
         self._thread.start()
+        _running.add(self)
 
     @property
     def num_admitted(self) -> int:
@@ -157,6 +172,7 @@ class AsyncEngine:
         return self._stats
 
     def shutdown(self) -> None:
+        _running.discard(self)
         if self._thread.is_alive():
             self._cmds.put(Stop())
             self._thread.join(timeout=30.0)

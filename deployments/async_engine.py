@@ -1,7 +1,8 @@
 """AsyncEngine: one thread steps the synchronous LLMEngine; asyncio callers stream its outputs.
 
 Only the loop thread touches the engine: callers submit, abort and ping through a command queue;
-results come back through one asyncio queue per request (`call_soon_threadsafe`). A request whose
+results come back through one asyncio queue per request, a step's deltas for all of them in one
+`call_soon_threadsafe` per event loop. A request whose
 consumer goes away (client disconnect, cancellation) is aborted, freeing its slots and KV pages.
 """
 

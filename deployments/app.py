@@ -17,6 +17,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from deployments.args import AppArgs
+from deployments.cpu_plan import INGRESS_NUM_CPUS, CpuPlan, cpu_plan
 from deployments.ingress import OpenAIIngress
 from deployments.model_source import served_model_name
 from deployments.router import SessionAffinityRouter
@@ -27,7 +28,6 @@ ROUTING_STATS_PERIOD_S = 2.0  # how stale a replica's session report may be (def
 # the replica itself answers overload (an OpenAI 503 with Retry-After, counted at admission)
 # and /v1/models, /health or stats calls still get through while generation is full.
 ADMISSION_HEADROOM = 8
-INGRESS_NUM_CPUS = 0.1  # it parses JSON and relays chunks; the model's CPUs stay the model's
 
 
 class AppArgsError(ValueError):
@@ -46,13 +46,15 @@ def parse_args(args: dict[str, Any] | None) -> AppArgs:
         ) from None
 
 
-def deployment_options(args: AppArgs) -> dict[str, Any]:
+def deployment_options(args: AppArgs, cpus: CpuPlan | None = None) -> dict[str, Any]:
     """Serve options for LLMServer: resources and placement, batching-sized concurrency,
     autoscaling, health checks and the session-affinity router.
 
     NOTE: every size here is derived from the args (`max_num_seqs`, `max_waiting_requests`,
     `min_replicas`, `max_replicas`); the YAMLs set a deployment option only to mean something
-    else than these defaults."""
+    else than these defaults. `cpus`: the replica's and its ranks' CPUs (default: resolved
+    from `replica_num_cpus` now, deployments/cpu_plan.py)."""
+    cpus = cpus or cpu_plan(args.replica_num_cpus, args.tp_size)
     opts: dict[str, Any] = {
         # One admission limit: Serve's per-replica cap sits just above the engine's, so a full
         # replica answers 503 itself rather than Serve queueing without telling anyone.
@@ -74,14 +76,14 @@ def deployment_options(args: AppArgs) -> dict[str, Any]:
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
         ),
     }
-    actor: dict[str, Any] = {"num_cpus": args.replica_num_cpus}
+    actor: dict[str, Any] = {"num_cpus": cpus.replica}
     if args.tp_size > 1:
         from workers.ray_executor import worker_bundles
 
         # NOTE: Serve places the replica itself in bundle 0, so bundle 0 carries the replica's
         # CPUs plus rank 0's; rank r of the TP group takes bundle r (RayExecutor).
-        bundles = worker_bundles(args.tp_size, args.device)
-        bundles[0]["CPU"] = bundles[0].get("CPU", 0) + args.replica_num_cpus
+        bundles = worker_bundles(args.tp_size, args.device, cpus.per_worker)
+        bundles[0]["CPU"] = bundles[0].get("CPU", 0) + cpus.replica
         opts["placement_group_bundles"] = bundles
         opts["placement_group_strategy"] = "STRICT_PACK"
     elif args.device == "cuda":

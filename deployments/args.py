@@ -9,7 +9,7 @@ checks run when the args are validated.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -50,7 +50,8 @@ class AppArgs(EngineArgs):
     of `tiny_arch`, built by `shortconv.tiny.checkpoint` on first start and cached.
     `seed` seeds the tiny checkpoint and the sampling of requests that bring no seed.
     `replica_num_cpus` is what Ray reserves for the LLMServer replica itself (TP workers get
-    their own bundles when tp_size > 1).
+    their own bundles when tp_size > 1), and so the engine's torch threads; `all` gives one
+    replica every CPU of the node (the shipped YAMLs), split with its ranks when tp_size > 1.
     `max_waiting_requests` (default: `max_num_seqs`) is how many admitted requests may wait
     for a batch place: a replica admits `admission_limit` = `max_num_seqs` +
     `max_waiting_requests` requests and answers the next one 503 (see deployments/app.py for
@@ -72,7 +73,8 @@ class AppArgs(EngineArgs):
     api_key: str | None = None  # None: $SHORTCONV_API_KEY if set, else no auth
     model_root: str | None = None
     seed: int = 0
-    replica_num_cpus: float = Field(0.5, gt=0)
+    # "all": the whole node for one replica (deployments/cpu_plan.py); torch threads follow it.
+    replica_num_cpus: Annotated[float, Field(gt=0)] | Literal["all"] = 0.5
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(2, ge=1)
 

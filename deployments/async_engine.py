@@ -1,7 +1,8 @@
 """AsyncEngine: one thread steps the synchronous LLMEngine; asyncio callers stream its outputs.
 
 Only the loop thread touches the engine: callers submit, abort and ping through a command queue;
-results come back through one asyncio queue per request (`call_soon_threadsafe`). A request whose
+results come back through one asyncio queue per request, a step's deltas for all of them in one
+`call_soon_threadsafe` per event loop. A request whose
 consumer goes away (client disconnect, cancellation) is aborted, freeing its slots and KV pages.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import logging
 import queue
 import threading
@@ -28,6 +28,8 @@ from deployments.engine_commands import (
     Stop,
     Stream,
     answer,
+    put,
+    put_all,
 )
 from deployments.engine_types import Delta, EngineDead, EngineLike, EngineOverloaded
 from shortconv.engine.outputs import FinishReason, RequestOutput
@@ -139,6 +141,8 @@ class AsyncEngine:
         try:
             while not finished:
                 delta = await stream.queue.get()
+                while delta.finish_reason is None and not stream.queue.empty():
+                    delta = delta.then(stream.queue.get_nowait())  # the backlog, as one
                 finished = delta.finish_reason is not None
                 yield delta
         finally:
@@ -183,8 +187,7 @@ class AsyncEngine:
                 if handled < 0:
                     return
                 if self.engine.has_unfinished():
-                    for out in self.engine.step():
-                        self._deliver(out)
+                    self._deliver_step(self.engine.step())
                 else:  # idle: no schedule() sweeps session TTLs, no step refreshes the gauges
                     self.engine.sessions.evict_idle()
                     self.engine.refresh_metrics()
@@ -236,14 +239,14 @@ class AsyncEngine:
     def _add(self, cmd: AddRequest) -> None:
         rid, prompt, stream = cmd.request_id, cmd.prompt, cmd.stream
         if self._error is not None:  # submitted just as the engine died
-            _put(stream, _final(prompt, FinishReason.ERROR, self._error))
+            put(stream, _final(prompt, FinishReason.ERROR, self._error))
             return
         try:
             self.engine.add_request(
                 prompt, cmd.params, request_id=rid, session_id=stream.session_id
             )
         except Exception as exc:  # validated already; this is a race or a duplicate id
-            _put(stream, _final(prompt, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
+            put(stream, _final(prompt, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
             return
         self._streams[rid] = stream
         if stream.session_id is not None:
@@ -257,17 +260,26 @@ class AsyncEngine:
             return f"executor health check failed: {exc}"
         return None
 
-    def _deliver(self, out: RequestOutput) -> None:
-        if (stream := self._streams.get(out.request_id)) is None:
-            return
-        if out.finished:
-            del self._streams[out.request_id]
-            if stream.session_id is not None:
-                self._session_seen[stream.session_id] = time.time()
-        _put(stream, Delta.of(out))
-        # A failed request may mean a failed executor (dead TP rank), which fails every request
-        # to come: go dead now (503 + failed health check) rather than answer 500s until replaced.
-        if out.finish_reason == FinishReason.ERROR and (why := self._executor_error()) is not None:
+    def _deliver_step(self, outs: list[RequestOutput]) -> None:
+        """Hand one step's deltas over with one wake-up per event loop, not one per stream.
+
+        NOTE: a failed request may mean a failed executor (dead TP rank), which fails every
+        request to come: go dead then (503 + failed health check) rather than answer 500s until
+        replaced; this step's deltas are handed over first."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[Stream, Delta]]] = {}
+        failed = False
+        for out in outs:
+            if (stream := self._streams.get(out.request_id)) is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+                if stream.session_id is not None:
+                    self._session_seen[stream.session_id] = time.time()
+            batches.setdefault(stream.loop, []).append((stream, Delta.of(out)))
+            failed = failed or out.finish_reason == FinishReason.ERROR
+        for loop, items in batches.items():
+            put_all(loop, items)
+        if failed and (why := self._executor_error()) is not None:
             raise EngineDead(why)
 
     def _fail_all(self, message: str) -> None:
@@ -276,7 +288,7 @@ class AsyncEngine:
                 self.engine.abort_request(rid)
             except Exception:  # the engine may be the thing that broke
                 log.exception("abort of %s failed", rid)
-            _put(stream, _final([], FinishReason.ERROR, message))
+            put(stream, _final([], FinishReason.ERROR, message))
         self._streams.clear()
 
     def _publish_stats(self, force: bool = False) -> None:
@@ -296,8 +308,3 @@ class AsyncEngine:
 
 def _final(prompt: list[int], reason: FinishReason, error: str | None) -> Delta:
     return Delta("", (), None, None, reason, len(prompt), 0, error)
-
-
-def _put(stream: Stream, delta: Delta) -> None:
-    with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody listens
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, delta)

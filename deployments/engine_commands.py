@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,3 +65,19 @@ def answer(fut: asyncio.Future[Any], value: Any) -> None:
 def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
     if not fut.done():
         fut.set_result(value)
+
+
+def put(stream: Stream, delta: Delta) -> None:
+    """Queue `delta` on its stream from the loop thread."""
+    put_all(stream.loop, [(stream, delta)])
+
+
+def put_all(loop: asyncio.AbstractEventLoop, items: list[tuple[Stream, Delta]]) -> None:
+    """Queue each delta on its stream, all in one callback on `loop`: one wake-up per step."""
+    with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody listens
+        loop.call_soon_threadsafe(_put_now, items)
+
+
+def _put_now(items: list[tuple[Stream, Delta]]) -> None:
+    for stream, delta in items:
+        stream.queue.put_nowait(delta)

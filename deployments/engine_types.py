@@ -92,3 +92,21 @@ class Delta:
             out.num_cached_tokens,
             out.error,
         )
+
+    def then(self, later: Delta) -> Delta:
+        """This delta followed by `later` of the same request, as one (a consumer that fell
+        behind takes its backlog as one chunk: one message per hop, not one per token)."""
+
+        def cat(a: tuple | None, b: tuple | None) -> tuple | None:
+            return None if a is None and b is None else (a or ()) + (b or ())
+
+        return Delta(
+            self.text + later.text,
+            self.token_ids + later.token_ids,
+            cat(self.logprobs, later.logprobs),
+            cat(self.top_logprobs, later.top_logprobs),
+            later.finish_reason,
+            later.num_prompt_tokens,
+            later.num_cached_tokens,
+            later.error,
+        )

@@ -54,6 +54,7 @@ class OpenAIReplica:
 
     def __init__(self, engine: AsyncEngine, cfg: ApiConfig) -> None:
         self.engine, self.cfg = engine, cfg
+        self.startup: dict[str, Any] = {}  # the replica's start-up report (LLMServer fills it)
         self.prefixes = PrefixRecord(MAX_RECORDED_PREFIXES)
         self.created = int(time.time())
         self.tokenizer = engine.engine.tokenizer
@@ -98,7 +99,8 @@ class OpenAIReplica:
         return self._reply({"status": "ok"})
 
     async def stats(self) -> Reply:
-        return self._reply({"replica_id": self.cfg.replica_id, **self.engine.stats()})
+        body = {"replica_id": self.cfg.replica_id, **self.engine.stats()}
+        return self._reply({**body, "startup": self.startup} if self.startup else body)
 
     async def reset_prefix_cache(self) -> Reply:
         """Drop this replica's prefix cache (kept sessions too); running requests keep their

@@ -10,10 +10,14 @@ together.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import importlib
 import logging
+import time
 from typing import Any
 
+import torch
 from ray import serve
 
 from deployments.args import AppArgs
@@ -22,17 +26,28 @@ from deployments.engine_types import EngineLike
 from deployments.metrics_sink import attach_ray_metrics
 from deployments.model_source import resolve_model, served_model_name
 from deployments.openai_api import ApiConfig, OpenAIReplica
+from workers.cpu_threads import follow_reservation
+from workers.startup import PhaseClock, StartupReport
 
 log = logging.getLogger(__name__)
+# NOTE: inside a replica only Serve's logger reaches the replica's log and `serve run`'s output
+# (the root logger drops INFO), so what a user must see at start goes through it.
+serve_log = logging.getLogger("ray.serve")
 
 
-def build_engine(args: AppArgs) -> EngineLike:
-    """The real engine (the default `engine_factory`)."""
+def build_engine(args: AppArgs, clock: PhaseClock | None = None) -> EngineLike:
+    """The real engine (the default `engine_factory`). `clock` gets the start-up phases: the
+    checkpoint, the runner's own (weights, prepacking, state pool, graph capture) when the model
+    runs in this process, and the rest of the engine's start (with tp_size > 1 the TP workers',
+    each of which reports its own phases)."""
     from shortconv.llm import build_engine as build_llm_engine
 
-    model_dir = resolve_model(args)
+    clock = clock if clock is not None else PhaseClock()
+    with clock.phase("checkpoint"):
+        model_dir = resolve_model(args)
     log.info("loading %s (tp_size=%d, %s)", model_dir, args.tp_size, args.device)
-    return build_llm_engine(
+    t0 = time.perf_counter()
+    engine = build_llm_engine(
         model_dir,
         tp_size=args.tp_size,
         dtype=args.dtype,
@@ -40,6 +55,26 @@ def build_engine(args: AppArgs) -> EngineLike:
         seed=args.seed,
         engine_config=args.engine_config(),
     )
+    runner = getattr(engine.executor, "runner", None)  # tp_size=1: the model is in this process
+    inner = dict(runner.startup_s) if runner is not None else {}
+    clock.add(inner)
+    clock.phases.append(("engine", time.perf_counter() - t0 - sum(inner.values())))
+    return engine
+
+
+def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> dict[str, Any]:
+    """The replica's start-up report for its stats (and the log): phases, memory, threads, and
+    each TP rank's own report."""
+    executor = getattr(engine, "executor", None)
+    ranks = executor.startup_reports() if hasattr(executor, "startup_reports") else []
+    serve_log.info("%s; torch threads %d", report.line(), threads)
+    for rank in ranks:
+        serve_log.info("%s", rank.line())
+    return {
+        **dataclasses.asdict(report),
+        "torch_threads": threads,
+        "ranks": [dataclasses.asdict(r) for r in ranks],
+    }
 
 
 def import_attr(path: str) -> Any:
@@ -55,19 +90,37 @@ class LLMServer(OpenAIReplica):
     """One replica: the engine loop, the OpenAI methods, and session and prefix reports for
     the router. NOTE: not an ingress: only OpenAIIngress speaks HTTP."""
 
-    async def __init__(self, args: dict[str, Any], engine_factory: str | None = None) -> None:
+    async def __init__(
+        self,
+        args: dict[str, Any],
+        engine_factory: str | None = None,
+    ) -> None:
         app_args = AppArgs.model_validate(args)
-        factory = import_attr(engine_factory) if engine_factory else build_engine
+        clock = PhaseClock()  # NOTE: first, so `before_s` is the process's life before us
+        # tp_size > 1: the ranks compute, each following its own reservation.
+        threads = (
+            follow_reservation("replica") if app_args.tp_size == 1 else torch.get_num_threads()
+        )
+        factory = (
+            import_attr(engine_factory)
+            if engine_factory
+            else functools.partial(build_engine, clock=clock)
+        )
         # NOTE: loading happens off the event loop so the replica stays responsive to Serve.
+        t0 = time.perf_counter()
         engine = await asyncio.to_thread(factory, app_args)
-        # NOTE: before the loop starts, so every series exists (at 0) from the replica's start;
-        # inside a replica Ray tags them with application, deployment and replica.
-        attach_ray_metrics(engine)
-        loop = AsyncEngine(engine, admission_limit=app_args.admission_limit)
-        loop.start()
+        if engine_factory:
+            clock.phases.append(("engine", time.perf_counter() - t0))
+        with clock.phase("loop"):
+            # NOTE: before the loop starts, so every series exists (at 0) from the replica's
+            # start; inside a replica Ray tags them with application, deployment and replica.
+            attach_ray_metrics(engine)
+            loop = AsyncEngine(engine, admission_limit=app_args.admission_limit)
+            loop.start()
         replica_id = serve.get_replica_context().replica_id.to_full_id_str()
         name = served_model_name(app_args)
         super().__init__(loop, ApiConfig(name, replica_id, app_args.request_timeout_s))
+        self.startup = startup_summary(clock.report("replica"), threads, engine)
         log.info("replica %s ready", replica_id)
 
     async def check_health(self) -> None:

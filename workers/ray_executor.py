@@ -20,7 +20,9 @@ from shortconv.errors import ConfigError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.models.registry import model_class
+from workers.cpu_threads import reserved_cpus
 from workers.ray_runtime import acquire_runtime, release_runtime
+from workers.startup import StartupReport
 from workers.step_dispatch import (
     ActorCallDispatch,
     BaseDispatch,
@@ -41,6 +43,11 @@ def worker_bundles(tp_size: int, device_type: str, num_cpus: float = DEFAULT_WOR
     if device_type == "cuda":
         bundle["GPU"] = 1
     return [dict(bundle) for _ in range(tp_size)]
+
+
+def bundle_cpus(bundles: list[dict[str, float]], own: float) -> list[float]:
+    """Each rank's CPUs in a group whose bundle 0 also holds the caller (`own` CPUs)."""
+    return [max(0.0, b.get("CPU", 0.0) - (own if i == 0 else 0.0)) for i, b in enumerate(bundles)]
 
 
 def check_tp_shards(model_cfg: ModelConfig, engine_cfg: EngineConfig, tp_size: int) -> None:
@@ -128,13 +135,18 @@ class RayExecutor(BaseExecutor):
             )
         self._pg = pg
         self._get(pg.ready(), self.start_timeout_s, f"placement group {bundles} never fit")
+        # NOTE: in a group of the caller's (a Serve replica's) each rank takes what its bundle
+        # holds, less the caller's own share of bundle 0: the deployment sized the bundles.
+        cpus = [num_cpus] * self.tp_size
+        if not self._owns_pg:
+            cpus = bundle_cpus(pg.bundle_specs[: self.tp_size], reserved_cpus() or 0.0)
         actor_cls = ray.remote(TPWorker)
         for rank in range(self.tp_size):
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=pg,
                 placement_group_bundle_index=rank,
             )
-            opts: dict[str, Any] = {"num_cpus": num_cpus, "scheduling_strategy": strategy}
+            opts: dict[str, Any] = {"num_cpus": cpus[rank], "scheduling_strategy": strategy}
             if device_type == "cuda":
                 opts["num_gpus"] = 1
             worker = actor_cls.options(name=None, max_restarts=0, **opts).remote(rank, self.tp_size)
@@ -205,6 +217,10 @@ class RayExecutor(BaseExecutor):
 
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         return self.call_workers("state_shapes")
+
+    def startup_reports(self) -> list[StartupReport]:
+        """Each rank's start-up phases and resident memory (rank order)."""
+        return self.call_workers("startup_report")
 
     # ---- shutdown ---------------------------------------------------------------------------
     def _release_workers(self) -> None:

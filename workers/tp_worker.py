@@ -7,13 +7,16 @@ from collections import deque
 from dataclasses import replace
 
 import ray
+import torch
 import torch.distributed as dist
 
 from shortconv.engine.plan import StepPlan, StepResult
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import WorkerSpec
+from workers.cpu_threads import follow_reservation
 from workers.dist_init import destroy_distributed, free_port, init_distributed, local_device
+from workers.startup import PhaseClock, StartupReport
 
 # Per-step compute times kept for benchmarks; bounded so a long-running server never grows it.
 _MAX_TIMINGS = 4096
@@ -27,6 +30,8 @@ class TPWorker:
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
+        self._clock = PhaseClock()
+        self.threads = follow_reservation(f"TP rank {rank}")
         self.runner: ModelRunner | None = None
         self._timings: deque[tuple[int, float]] = deque(maxlen=_MAX_TIMINGS)
 
@@ -37,9 +42,11 @@ class TPWorker:
     def setup(self, init_method: str, spec: WorkerSpec, timeout_s: float) -> None:
         # NOTE: the spec names a device type; this actor's own device of that type is local.
         device = local_device(spec.device.type)
-        init_distributed(init_method, self.rank, self.world_size, device.type, timeout_s)
+        with self._clock.phase("join"):
+            init_distributed(init_method, self.rank, self.world_size, device.type, timeout_s)
         tp = ParallelContext(self.rank, self.world_size, dist.group.WORLD)
         self.runner = ModelRunner(replace(spec, device=device), tp)
+        self._clock.add(self.runner.startup_s)
 
     def execute(self, plan: StepPlan) -> StepResult | None:
         runner = self._ready()
@@ -56,6 +63,15 @@ class TPWorker:
     # ---- introspection (health checks, tests, benchmarks) ----------------------------------
     def ping(self) -> int:
         return self.rank
+
+    def startup_report(self) -> StartupReport:
+        """This rank's start: its process before the actor, joining the group, the runner's
+        phases; its resident memory now."""
+        return self._clock.report(f"TP rank {self.rank} ({self.threads} threads)")
+
+    def torch_threads(self) -> int:
+        """Torch's intra-op threads on this rank's own threads (follows its reserved CPUs)."""
+        return torch.get_num_threads()
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return self._ready().state_shapes()

@@ -126,6 +126,9 @@ def resolve_dtype(dtype: str | torch.dtype, raw: dict[str, Any] | None = None) -
     return _DTYPES[dtype]
 
 
+CPU_PREFILL_TOKENS_WHILE_DECODING = 32
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Capacity and scheduling knobs of one engine (one replica).
@@ -136,6 +139,12 @@ class EngineConfig:
 
     max_num_seqs: int = field(default=32, metadata={"ge": 1})
     max_num_batched_tokens: int = field(default=512, metadata={"ge": 1})
+    # Prompt tokens one step carries while any request decodes (decode goes first), so a
+    # stream's inter-token gap stays one decode step plus this much prefill however many
+    # prompts arrive. 0: by device: 32 on CPU, where a prompt token costs about what a decode
+    # row does and the step's time grows with every one; max_num_batched_tokens on CUDA, where
+    # a step costs about the same up to hundreds of tokens.
+    max_prefill_tokens_while_decoding: int = field(default=0, metadata={"ge": 0})
     # 0: max_num_seqs + 1 scratch + spare slots for session checkpoints
     num_state_slots: int = field(default=0, metadata={"ge": 0})
     kv_page_size: int = field(default=16, metadata={"ge": 1})
@@ -196,6 +205,12 @@ class EngineConfig:
         if not self.enable_prefix_caching:
             return 0
         return self.num_checkpoint_slots or 8 * self.max_num_seqs
+
+    def prefill_tokens_while_decoding(self, device: torch.device) -> int:
+        """`max_prefill_tokens_while_decoding`, with 0 resolved for `device`."""
+        if self.max_prefill_tokens_while_decoding:
+            return self.max_prefill_tokens_while_decoding
+        return CPU_PREFILL_TOKENS_WHILE_DECODING if device.type == "cpu" else 0
 
     def graphs_enabled(self, device: torch.device) -> bool:
         """`enable_graphs`, with None resolved for `device` (on for CUDA only)."""

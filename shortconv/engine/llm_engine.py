@@ -52,6 +52,7 @@ class LLMEngine:
                 enable_prefix_caching=eng.enable_prefix_caching,
                 session_ttl_s=eng.session_ttl_s,
                 checkpoint_interval=eng.checkpoint_interval,
+                max_prefill_tokens_while_decoding=eng.prefill_tokens_while_decoding(self.device),
             ),
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),

@@ -25,6 +25,8 @@ class SchedulerConfig:
     session_ttl_s: float = 600.0
     enable_prefix_caching: bool = False
     checkpoint_interval: int = 64  # prompt tokens between checkpoints (whole pages)
+    # Prompt tokens a step may carry while any request decodes (0: the whole budget).
+    max_prefill_tokens_while_decoding: int = 0
 
 
 class Scheduler:
@@ -80,33 +82,21 @@ class Scheduler:
 
     # ---- scheduling -------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
-        cm = self.cache_manager
-        cm.evict_idle()
-        budget = self.cfg.max_num_batched_tokens
+        """Decode first: every running request one token past its prompt gets its token; then
+        prompts (running chunks, then admissions) share what is left of the budget, capped at
+        `max_prefill_tokens_while_decoding` when anything decodes, so a stream's inter-token gap
+        is one decode step plus at most that many prompt tokens, whatever arrives."""
+        self.cache_manager.evict_idle()
         chunks: dict[str, SeqChunk] = {}
         copies = StepCopies()
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.num_tokens - req.num_computed, budget)
-            if not cm.grow(req, req.num_computed + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                chunks.pop(victim.request_id, None)
-                continue  # retry the same index (or stop if the victim was this request)
-            chunks[req.request_id] = self._chunk(req, n, copies)
-            budget -= n
-            i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            req = self.waiting[0]
-            n = cm.admit(req, budget, copies)
-            if not n:
-                break
-            req.status = Status.RUNNING
-            self.waiting.popleft()
-            self.running.append(req)
-            chunks[req.request_id] = self._chunk(req, n, copies)
-            budget -= n
+        budget = self.cfg.max_num_batched_tokens
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed == 1]
+        budget -= self._grow(decoding, budget, chunks, copies)
+        cap = self.cfg.max_prefill_tokens_while_decoding
+        prefill = min(budget, cap) if chunks and cap else budget
+        prompts = [r for r in self.running if r.num_tokens - r.num_computed > 1]
+        prefill -= self._grow(prompts, prefill, chunks, copies)
+        self._admit(prefill, chunks, copies)
         if not chunks:
             return None
         self._step_id += 1
@@ -118,6 +108,36 @@ class Scheduler:
             copies_before=copies.planned(copies.before, chunks),
             page_copies=copies.planned_pages(chunks),
         )
+
+    def _grow(
+        self, reqs: list[Request], budget: int, chunks: dict[str, SeqChunk], copies: StepCopies
+    ) -> int:
+        """Plan the next chunk of each running request in `reqs` within `budget`, preempting
+        the latest admitted request when pages run out; returns the tokens planned."""
+        used = 0
+        for req in reqs:
+            while req.status is Status.RUNNING and used < budget:
+                n = min(req.num_tokens - req.num_computed, budget - used)
+                if self.cache_manager.grow(req, req.num_computed + n):
+                    chunks[req.request_id] = self._chunk(req, n, copies)
+                    used += n
+                    break
+                victim = self.running[-1]  # NOTE: may be `req` itself: then it waits
+                self._preempt(victim)
+                chunks.pop(victim.request_id, None)
+        return used
+
+    def _admit(self, budget: int, chunks: dict[str, SeqChunk], copies: StepCopies) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            n = self.cache_manager.admit(req, budget, copies)
+            if not n:
+                break
+            req.status = Status.RUNNING
+            self.waiting.popleft()
+            self.running.append(req)
+            chunks[req.request_id] = self._chunk(req, n, copies)
+            budget -= n
 
     def _chunk(self, req: Request, n: int, copies: StepCopies) -> SeqChunk:
         start = req.num_computed

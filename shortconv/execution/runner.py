@@ -37,30 +37,41 @@ class ModelRunner:
         model = build_model(cls, model_cfg, tp, device, dtype)
         model.load_weights(iter_checkpoint(spec.model_dir))
         self.model = model
+        # Seconds per start-up phase, in order (the replica's start-up report reads them).
+        self.startup_s: dict[str, float] = {"weights": time.perf_counter() - t0}
         log.info(
-            "rank %d: loaded %s weights in %.1fs", tp.rank, model_cfg.arch, time.perf_counter() - t0
+            "rank %d: loaded %s weights in %.1fs",
+            tp.rank,
+            model_cfg.arch,
+            self.startup_s["weights"],
         )
         if engine_cfg.prepack_cpu_weights and device.type == "cpu":
+            t0 = time.perf_counter()
             added = prepack_linears(model)
+            self.startup_s["prepack"] = time.perf_counter() - t0
             if added:
                 log.info(
                     "rank %d: prepacked linear weights for oneDNN (+%.0f MiB)",
                     tp.rank,
                     added / 2**20,
                 )
+        t0 = time.perf_counter()
         kv = kv_specs(model_cfg, tp, engine_cfg.kv_page_size, spec.capacity.pages_per_group)
         specs = cls.state_specs(model_cfg, tp)
         self.pool = StatePool(specs, kv, spec.capacity.num_slots, dtype, device)
         self.backend = ShortConvBackend(self.pool, device, cls.extra_state_name)
         self.sampler = Sampler()
+        self.startup_s["state_pool"] = time.perf_counter() - t0
         self.graphs: GraphRunner | None = None
         if engine_cfg.graphs_enabled(device):
+            t0 = time.perf_counter()
             # NOTE: the engine's KV-capped limit, not the model's: no bucket beyond what a
             # sequence can reach.
             self.graphs = GraphRunner(
                 self.model, self.backend, engine_cfg, spec.max_model_len, tp.size
             )
             self.graphs.capture()
+            self.startup_s["graphs"] = time.perf_counter() - t0
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult | None:

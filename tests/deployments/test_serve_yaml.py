@@ -18,7 +18,9 @@ import yaml
 
 from deployments.app import deployment_options, parse_args
 from deployments.args import AppArgs
+from deployments.cpu_plan import cpu_plan
 from deployments.serve_run import serve_run
+from workers.cpu_threads import threads_for
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 240.0
@@ -94,6 +96,17 @@ def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> No
         and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     )
     assert httpx.get(f"{served}/health", timeout=30).status_code == 200
+    startup = httpx.get(f"{served}/v1/internal/stats", timeout=30).json()["startup"]
+    phases = dict(startup["phases"])  # the replica's start, phase by phase, and its memory
+    assert {"checkpoint", "engine", "loop"} <= set(phases) and startup["rss_bytes"] > 0
+    assert ("weights" in phases) == (args.tp_size == 1)  # else each rank reports its own
+    assert len(startup["ranks"]) == (args.tp_size if args.tp_size > 1 else 0)
+    # The YAMLs give the replica the machine (replica_num_cpus: all), split with its ranks.
+    plan = cpu_plan("all", args.tp_size)
+    if args.tp_size == 1:
+        assert startup["torch_threads"] == threads_for(plan.replica)
+    for rank in startup["ranks"]:
+        assert rank["who"].endswith(f"({threads_for(plan.per_worker)} threads)")
     bad = httpx.post(f"{served}/v1/chat/completions", json={"model": model, "messages": [], "n": 2})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     # A second turn of a session resumes from the first one's kept state.

@@ -32,6 +32,7 @@ from shortconv.engine.plan import StepPlan, StepResult  # noqa: E402
 from shortconv.execution.worker_spec import WorkerSpec, plan_worker_spec  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
+from workers.cpu_threads import threads_for  # noqa: E402
 from workers.local_executor import LocalExecutor  # noqa: E402
 from workers.ray_executor import RayExecutor  # noqa: E402
 
@@ -254,6 +255,22 @@ def test_each_rank_holds_only_its_heads(group: Group, tp: int) -> None:
         # The big matrices are split; only small vectors (norms, router) and the KV heads a
         # rank's query heads need stay whole.
         assert sum(torch.Size(s).numel() for s in rank_params.values()) < 0.6 * full
+
+
+@TP
+def test_each_rank_computes_on_its_reserved_cpus(group: Group, tp: int) -> None:
+    """A rank's torch threads are its bundle's CPUs (Ray's OMP_NUM_THREADS aside)."""
+    assert group.executor(tp).call_workers("torch_threads") == [threads_for(WORKER_CPUS)] * tp
+
+
+@TP
+def test_each_rank_reports_its_start(group: Group, tp: int) -> None:
+    reports = group.executor(tp).startup_reports()
+    assert [r.who.split(" (")[0] for r in reports] == [f"TP rank {r}" for r in range(tp)]
+    for r in reports:
+        assert [name for name, _ in r.phases][:2] == ["join", "weights"]
+        assert "state_pool" in dict(r.phases) and r.rss_bytes > 50 * 2**20
+        assert "RSS" in r.line()
 
 
 @TP

@@ -1,0 +1,91 @@
+"""A server's process tree, read from /proc: our `serve run` (every Ray process it started is
+its descendant) or llama-server. Resident memory and CPU time, process by process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+from deployments.serve_run import serve_run
+
+ROOT = Path(__file__).resolve().parents[1]
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def processes() -> dict[int, tuple[int, list[str]]]:
+    """Every process now: pid -> (parent pid, command line)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            out[int(d.name)] = (ppid, cmd)
+    return out
+
+
+def tree(pid: int) -> dict[int, str]:
+    """`pid` and all its descendants: pid -> a short name (the command line's start)."""
+    procs, members = processes(), {pid}
+    grew = True
+    while grew:
+        more = {p for p, (ppid, _) in procs.items() if ppid in members} - members
+        members |= more
+        grew = bool(more)
+    return {p: " ".join(procs[p][1])[:90] for p in members if p in procs}
+
+
+def rss_of(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds `pid` has used (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def tree_rss(pid: int, show_mb: float = 50.0) -> int:
+    """Resident bytes of the tree; prints each process of `show_mb` MB or more."""
+    sizes = sorted(((rss_of(p), p, name) for p, name in tree(pid).items()), reverse=True)
+    for rss, _, name in sizes:
+        if rss >= show_mb * 1e6:
+            print(f"#   {rss / 1e6:6.0f} MB  {name}", flush=True)
+    return sum(rss for rss, _, _ in sizes)
+
+
+def cpu_snapshot(pid: int) -> dict[int, tuple[str, float]]:
+    return {p: (name, cpu_s(p)) for p, name in tree(pid).items()}
+
+
+def cpu_used(before: dict[int, tuple[str, float]], pid: int) -> list[tuple[float, str]]:
+    """CPU seconds each process of the tree used since `before`, largest first."""
+    now = cpu_snapshot(pid)
+    used = [(s - before.get(p, (name, 0.0))[1], name) for p, (name, s) in now.items()]
+    return sorted(used, reverse=True)
+
+
+@contextmanager
+def ours(model_args: dict[str, object], timeout_s: float) -> Iterator[tuple[str, int]]:
+    """`serve run deployments/lfm2.yaml` with `model_args` set in its args (nothing else, no
+    environment of ours); yields (URL, the serve run pid)."""
+    config = yaml.safe_load((ROOT / "deployments" / "lfm2.yaml").read_text())
+    config["applications"][0]["args"].update(model_args)
+    with serve_run(config, timeout_s) as (url, log):
+        cfg = str(log.parent / "serve.yaml")  # NOTE: serve_run's layout: the config by the log
+        yield url, next(p for p, (_, cmd) in processes().items() if cfg in cmd)

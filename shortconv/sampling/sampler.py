@@ -1,4 +1,6 @@
-"""Token sampler: greedy, temperature, top-k / top-p / min-p, reproducible seeded draws.
+"""Token sampler: greedy, temperature, top-k / top-p / min-p, reproducible seeded draws; logit
+controls (bias, min_tokens, penalties: shortconv/sampling/logit_controls.py) and grammar masks
+first.
 
 Filtering is vectorised over the batch with per-row parameter tensors; the only per-row work is
 seeding a generator and drawing that row's exponential noise. Every call ends in exactly one
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shortconv.sampling.grammar.token_mask import apply_token_masks
+from shortconv.sampling.logit_controls import apply_logit_controls
 from shortconv.sampling.sampling_params import SamplingParams
 
 _M64 = (1 << 64) - 1
@@ -29,6 +32,34 @@ class SamplingRow:
     step: int  # tokens this request has generated so far (0 for the first)
     # Allowed next tokens of a grammar-constrained request: xgrammar's int32 bitmask, as bytes.
     token_mask: bytes | None = field(default=None, compare=False)
+    # The request's tokens, carried only when its penalties need them (`make_row`).
+    prompt_token_ids: tuple[int, ...] = field(default=(), compare=False)
+    output_token_ids: tuple[int, ...] = field(default=(), compare=False)
+    # Tokens refused at this step: EOS and stop ids while fewer than min_tokens are generated.
+    banned_token_ids: tuple[int, ...] = ()
+
+
+def make_row(
+    params: SamplingParams,
+    seed: int,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    eos_token_ids: Sequence[int],
+) -> SamplingRow:
+    """The row for a request's next token: its history only where its controls read it (the
+    plan crosses to every TP rank each step, so plain rows stay small)."""
+    banned: tuple[int, ...] = ()
+    if len(output) < params.min_tokens:
+        eos = () if params.ignore_eos else tuple(eos_token_ids)
+        banned = tuple(sorted(set(eos) | set(params.stop_token_ids)))
+    return SamplingRow(
+        params,
+        seed,
+        len(output),
+        prompt_token_ids=tuple(prompt) if params.needs_prompt_tokens else (),
+        output_token_ids=tuple(output) if params.needs_output_counts else (),
+        banned_token_ids=banned,
+    )
 
 
 @dataclass(frozen=True)
@@ -74,8 +105,9 @@ class Sampler:
             return SamplerOutput([], [], [])
         want = [r.params.logprobs for r in rows]
         greedy = [r.params.greedy for r in rows]
-        # Grammar masks pick among allowed tokens only; logprobs stay those of the raw model.
-        masked = apply_token_masks(logits, [r.token_mask for r in rows])
+        # Controls and grammar masks change what is picked; logprobs stay the raw model's.
+        controlled = apply_logit_controls(logits, rows)
+        masked = apply_token_masks(controlled, [r.token_mask for r in rows])
         if all(greedy) and all(k is None for k in want):
             # Decode fast path: argmax on the raw dtype orders exactly like fp32 (the widening
             # is exact and monotone), so skip the [B, V] fp32 copy.

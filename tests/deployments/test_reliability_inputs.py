@@ -140,8 +140,9 @@ TABLE = {
         BAD,
         "stream_options",
     ),
-    "penalty": (CH, chat(frequency_penalty=0.5), {}, 400, BAD, "frequency_penalty"),
-    "logit_bias": (C, cmpl(logit_bias={"5": 1.0}), {}, 400, BAD, "logit_bias"),
+    "penalty": (CH, chat(frequency_penalty=2.5), {}, 400, BAD, "frequency_penalty"),
+    "logit_bias": (C, cmpl(logit_bias={"5": 100.5}), {}, 400, BAD, "logit_bias"),
+    "logit_bias-key": (C, cmpl(logit_bias={"x5": 1.0}), {}, 400, BAD, "logit_bias"),
     "tools": (CH, chat(tools=[{"type": "function"}]), {}, 400, BAD, "tools"),
     "image-part": (
         CH,

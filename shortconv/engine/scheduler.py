@@ -10,7 +10,7 @@ from shortconv.cache.manager import CacheManager, StepCopies
 from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
-from shortconv.sampling.sampler import make_row
+from shortconv.sampling.sampling_row import make_row
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from shortconv.sampling.sampler import SamplingRow
+from shortconv.sampling.sampling_row import SamplingRow
 
 _INT64 = torch.int64
 

@@ -16,7 +16,8 @@ import torch
 from shortconv import LLM, SamplingParams
 from shortconv.sampling.grammar import GrammarSpec
 from shortconv.sampling.logit_controls import apply_logit_controls
-from shortconv.sampling.sampler import Sampler, SamplingRow, make_row
+from shortconv.sampling.sampler import Sampler
+from shortconv.sampling.sampling_row import SamplingRow, make_row
 from shortconv.tiny.checkpoint import build_hf_model, make_tiny_checkpoint
 
 EOS = (2,)

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.openai_errors import APIError
-from deployments.openai_protocol import INT32_MAX, ChatMessage, TokenId
+from deployments.openai_protocol import ChatMessage, TokenId
 from deployments.openai_tools import ToolDef
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -42,7 +42,7 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(**_STRICT, json_schema_extra={"examples": [{"tokens": [1, 2]}]})
     model: str | None = None
-    tokens: list[TokenId] = Field(max_length=INT32_MAX)
+    tokens: list[TokenId]
 
 
 def tokenize_body(

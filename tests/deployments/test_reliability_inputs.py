@@ -97,7 +97,9 @@ TABLE = {
     "empty-prompt": (C, cmpl(prompt=""), {}, 400, BAD, "prompt"),
     "empty-token-prompt": (C, cmpl(prompt=[]), {}, 400, BAD, "prompt"),
     "empty-messages": (CH, chat(messages=[]), {}, 400, BAD, "messages"),
-    "two-prompts": (C, cmpl(prompt=["a", "b"]), {}, 400, BAD, "prompt"),
+    "empty-prompt-in-batch": (C, cmpl(prompt=["a", ""]), {}, 400, BAD, "prompt.1"),
+    "too-many-prompts": (C, cmpl(prompt=["a"] * 65), {}, 400, BAD, "prompt"),
+    "mixed-prompt-batch": (C, cmpl(prompt=["a", [5]]), {}, 400, BAD, "prompt"),
     "prompt-over-context": (C, cmpl(prompt="x" * (2 * MAX_MODEL_LEN)), {}, 400, BAD, "prompt"),
     "chat-over-context": (
         CH,

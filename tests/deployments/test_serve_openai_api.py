@@ -7,32 +7,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import yaml
+from serve_apps import openai_client, yaml_app
 
-from deployments.serve_run import serve_run
-
-ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["The sky is", "Once upon a time", "def main():", "1, 2, 3,"]
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = yaml.safe_load((ROOT / "deployments" / "lfm2.yaml").read_text())
-    config["applications"][0]["args"]["max_replicas"] = 1  # one engine: batches are compared
-    env = {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg-cache"))}
-    with serve_run(config, 240.0, env=env) as (url, _):
+    with yaml_app("lfm2", tmp_path_factory, max_replicas=1) as url:  # one engine: comparisons
         yield url
 
 
 @pytest.fixture(scope="module")
 def client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(base)
 
 
 @pytest.fixture(scope="module")

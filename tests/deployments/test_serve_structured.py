@@ -7,20 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
-import yaml
 from grammar_schemas import INVALID, SCHEMAS, UNSUPPORTED
-
-from deployments.serve_run import serve_run
+from serve_apps import openai_client, yaml_app
 
 pytest.importorskip("xgrammar")
-ROOT = Path(__file__).resolve().parents[2]
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 MSGS = [{"role": "user", "content": "Answer in JSON."}]
 WEATHER = {
@@ -51,15 +47,13 @@ PARAMS = {"get_weather": WEATHER, "set_alarm": ALARM}
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = yaml.safe_load((ROOT / "deployments" / "lfm2.yaml").read_text())
-    env = {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg-cache"))}
-    with serve_run(config, 240.0, env=env) as (url, _):
+    with yaml_app("lfm2", tmp_path_factory) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(base)
 
 
 @pytest.fixture(scope="module")

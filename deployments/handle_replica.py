@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.openai_errors import RETRY_AFTER_S, APIError
 from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
+from deployments.openai_tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.replica_api import Reply, RequestContext
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,12 @@ class HandleReplica:
         self, request: CompletionRequest, ctx: RequestContext
     ) -> AsyncIterator[Reply]:
         return _stream(self._handle.options(stream=True).completion_stream, request, ctx=ctx)
+
+    async def tokenize(self, request: TokenizeRequest) -> Reply:
+        return await _call(self._handle.tokenize, request)
+
+    async def detokenize(self, request: DetokenizeRequest) -> Reply:
+        return await _call(self._handle.detokenize, request)
 
     async def models(self) -> Reply:
         return await _call(self._handle.models)

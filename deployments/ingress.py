@@ -36,13 +36,10 @@ from deployments.http_edge import (
     resolve_api_key,
     session_id_of,
 )
+from deployments.openai_body import from_validation_error, parse_json_object
 from deployments.openai_errors import APIError
-from deployments.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    from_validation_error,
-    parse_json_object,
-)
+from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
+from deployments.openai_tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.prefix_key import chat_prefix, completion_prefix
 from deployments.replica_api import Replica, Reply, RequestContext
 
@@ -62,8 +59,8 @@ class IngressConfig:
 
 
 def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
-    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /v1/internal/stats,
-    /v1/internal/reset_prefix_cache."""
+    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
+    /health, /v1/internal/stats, /v1/internal/reset_prefix_cache."""
     app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
     api_key = resolve_api_key(cfg.api_key)
     install_error_handlers(app, as_api_error, EXPECTED_ERRORS)
@@ -107,6 +104,15 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
         if req.stream:
             return await stream(target.chat_stream(req, ctx))
         return respond(await target.chat(req, ctx))
+
+    @app.post("/tokenize", openapi_extra=_body_schema(TokenizeRequest))
+    async def tokenize(request: Request) -> Response:
+        return respond(await replica(request).tokenize(await parse(request, TokenizeRequest)))
+
+    @app.post("/detokenize", openapi_extra=_body_schema(DetokenizeRequest))
+    async def detokenize(request: Request) -> Response:
+        req = await parse(request, DetokenizeRequest)
+        return respond(await replica(request).detokenize(req))
 
     @app.get("/health")
     async def health() -> Response:
@@ -174,7 +180,7 @@ def _install_openapi(app: FastAPI, model_name: str) -> None:
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         comps = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (CompletionRequest, ChatCompletionRequest):
+        for model in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(schema.pop("$defs", {}))
             schema["properties"]["model"] = {"anyOf": [{"const": model_name}, {"type": "null"}]}

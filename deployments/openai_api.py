@@ -17,9 +17,17 @@ from typing import Any
 
 from deployments.async_engine import AsyncEngine
 from deployments.engine_types import Delta, EngineDead, EngineOverloaded
+from deployments.openai_deltas import Accumulator, collect, merge, with_deadline
 from deployments.openai_errors import RETRY_AFTER_S, APIError
-from deployments.openai_format import Formatter, collect, with_deadline
+from deployments.openai_format import Formatter, StreamUsage
 from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest, check_context
+from deployments.openai_tokenize import (
+    DetokenizeRequest,
+    TokenizeRequest,
+    detokenize,
+    render_chat,
+    tokenize,
+)
 from deployments.openai_tools import ToolPlan, chat_grammar, plan_tools
 from deployments.prefix_owners import PrefixRecord
 from deployments.replica_api import Reply, RequestContext
@@ -40,13 +48,16 @@ class ApiConfig:
 
 @dataclass(frozen=True)
 class _Job:
-    """One generation request, ready for the engine."""
+    """One generation request, ready for the engine: one engine request per prompt."""
 
-    prompt: list[int]
+    prompts: list[list[int]]
     params: SamplingParams
     fmt: Formatter
-    include_usage: bool
+    usage: StreamUsage
     grammar_param: str = "response_format"  # the field a grammar that fails to compile names
+
+    def accumulators(self) -> list[Accumulator]:
+        return [Accumulator(num_prompt_tokens=len(p)) for p in self.prompts]
 
 
 class OpenAIReplica:
@@ -85,6 +96,19 @@ class OpenAIReplica:
             yield reply
 
     # ---- the rest ---------------------------------------------------------------------------
+    async def tokenize(self, request: TokenizeRequest) -> Reply:
+        tok = self._need_tokenizer("prompt" if request.messages is None else "messages")
+        body = tokenize(tok, request, self.max_model_len, self._token_text)
+        return self._reply(body)
+
+    async def detokenize(self, request: DetokenizeRequest) -> Reply:
+        return self._reply(detokenize(self._need_tokenizer("tokens"), request))
+
+    def _need_tokenizer(self, param: str) -> Any:
+        if self.tokenizer is None:
+            raise APIError("this model has no tokenizer", param=param)
+        return self.tokenizer
+
     async def models(self) -> Reply:
         card = {"id": self.cfg.model_name, "object": "model", "created": self.created}
         card.update(owned_by="shortconv-serve", max_model_len=self.max_model_len)
@@ -114,24 +138,38 @@ class OpenAIReplica:
         return Reply(self.cfg.replica_id, body)
 
     async def _whole(self, job: _Job, ctx: RequestContext) -> Reply:
-        body = job.fmt.whole(await collect(self._start(job, ctx)))
+        accs = job.accumulators()
+        await collect(self._start(job, ctx), accs)
         self.prefixes.add(ctx.prefix_hashes)  # its prompt is cached here now
-        return self._reply(body)
+        return self._reply(job.fmt.whole(*accs))
 
     async def _stream(self, job: _Job, ctx: RequestContext) -> AsyncIterator[Reply]:
         deltas = self._start(job, ctx)  # NOTE: refusals raise here, before the first chunk
-        async for chunk in job.fmt.chunks(deltas, job.include_usage):
+        async for chunk in job.fmt.chunks(deltas, job.accumulators(), job.usage):
             yield self._reply(chunk)
         self.prefixes.add(ctx.prefix_hashes)
 
-    def _start(self, job: _Job, ctx: RequestContext) -> AsyncIterator[Delta]:
-        """Admit the request: its deltas under the request deadline, or an APIError."""
-        check_context(len(job.prompt), job.params.max_tokens, self.max_model_len)
+    def _start(self, job: _Job, ctx: RequestContext) -> AsyncIterator[tuple[int, Delta]]:
+        """Admit every prompt of the request (or none): their deltas, merged, under the
+        request deadline, or an APIError."""
+        for prompt in job.prompts:
+            check_context(len(prompt), job.params.max_tokens, self.max_model_len)
+        rid = job.fmt.request_id
+        many = len(job.prompts) > 1
+        # NOTE: a prompt refused after others were admitted drops their streams unstarted:
+        # nothing was queued, and each gives its admission back when dropped.
+        streams = [
+            self._admit(p, job, f"{rid}-{i}" if many else rid, None if many else ctx.session_id)
+            for i, p in enumerate(job.prompts)
+        ]
+        return merge([with_deadline(d, self.cfg.request_timeout_s) for d in streams])
+
+    def _admit(
+        self, prompt: list[int], job: _Job, rid: str, session_id: str | None
+    ) -> AsyncIterator[Delta]:
         retry = {"retry-after": str(RETRY_AFTER_S)}
         try:
-            deltas = self.engine.generate(
-                job.prompt, job.params, job.fmt.request_id, ctx.session_id
-            )
+            return self.engine.generate(prompt, job.params, rid, session_id)
         except GrammarError as exc:  # a schema that passed our checks but does not compile
             raise APIError(str(exc), param=job.grammar_param) from None
         except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
@@ -144,10 +182,13 @@ class OpenAIReplica:
             raise APIError(
                 str(exc), 503, "server_error", code="engine_dead", headers=retry
             ) from None
-        return with_deadline(deltas, self.cfg.request_timeout_s)
 
     def _formatter(
-        self, chat: bool, want_logprobs: bool, tools: ToolPlan | None = None
+        self,
+        chat: bool,
+        want_logprobs: bool,
+        tools: ToolPlan | None = None,
+        echo: tuple[str, ...] = (),
     ) -> Formatter:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         auto = tools is not None and tools.mode == "auto"
@@ -160,6 +201,7 @@ class OpenAIReplica:
             want_logprobs,
             tools=tools,
             drop_specials=drop,
+            echo=echo,
         )
 
     def _token_text(self, tok: int) -> str:
@@ -168,26 +210,41 @@ class OpenAIReplica:
         return self.tokenizer.decode([tok], skip_special_tokens=False)
 
     def _completion_job(self, req: CompletionRequest) -> _Job:
-        prompt = req.single_prompt()
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise APIError("this model has no tokenizer: send token ids", param="prompt")
-            try:
-                prompt = self.tokenizer.encode(prompt)
-            except Exception as exc:  # a string the tokenizer cannot take is the client's
-                raise APIError(f"prompt cannot be tokenized: {exc}", param="prompt") from None
+        given = req.prompts()
+        prompts = [self._encode(p, i if len(given) > 1 else None) for i, p in enumerate(given)]
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
         grammar = req.response_format.grammar() if req.response_format else None
         params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs, grammar=grammar)
-        fmt = self._formatter(False, params.logprobs is not None)
-        return _Job(prompt, params, fmt, req.include_usage)
+        echo = tuple(self._prompt_text(p) for p in given) if req.echo else ()
+        fmt = self._formatter(False, params.logprobs is not None, echo=echo)
+        return _Job(prompts, params, fmt, _usage(req))
+
+    def _encode(self, prompt: str | list[int], index: int | None) -> list[int]:
+        where = "prompt" if index is None else f"prompt.{index}"
+        if not isinstance(prompt, str):
+            return prompt
+        if self.tokenizer is None:
+            raise APIError("this model has no tokenizer: send token ids", param=where)
+        try:
+            return self.tokenizer.encode(prompt)
+        except Exception as exc:  # a string the tokenizer cannot take is the client's
+            raise APIError(f"prompt cannot be tokenized: {exc}", param=where) from None
+
+    def _prompt_text(self, prompt: str | list[int]) -> str:
+        """What `echo` returns: the prompt as sent, or its token ids decoded."""
+        if isinstance(prompt, str):
+            return prompt
+        if self.tokenizer is None:
+            return "".join(self._token_text(t) for t in prompt)
+        return self.tokenizer.decode(prompt, skip_special_tokens=False)
 
     def _chat_job(self, req: ChatCompletionRequest) -> _Job:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer, so no chat template", param="messages")
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
         grammar, grammar_param = chat_grammar(req.response_format, tools)
-        prompt = self._render(req)
+        messages, tools_listed = req.chat_messages(), req.template_tools()
+        prompt = render_chat(self.tokenizer, messages, req.add_generation_prompt, tools_listed)
         requested = req.requested_max_tokens()
         max_tokens = (
             requested if requested is not None else max(1, self.max_model_len - len(prompt))
@@ -200,18 +257,8 @@ class OpenAIReplica:
             skip_special_tokens=tools is None or tools.mode != "auto",
         )
         fmt = self._formatter(True, params.logprobs is not None, tools)
-        return _Job(prompt, params, fmt, req.include_usage, grammar_param)
+        return _Job([prompt], params, fmt, _usage(req), grammar_param)
 
-    def _render(self, req: ChatCompletionRequest) -> list[int]:
-        """The chat template over the messages (and tools): the prompt's token ids."""
-        try:
-            listed = req.template_tools()
-            return self.tokenizer.apply_chat_template(
-                req.chat_messages(),
-                add_generation_prompt=req.add_generation_prompt,
-                **({"tools": listed} if listed else {}),
-            )
-        except APIError:
-            raise
-        except Exception as exc:  # jinja errors: the template refused these messages
-            raise APIError(f"chat template failed: {exc}", param="messages") from None
+
+def _usage(req: ChatCompletionRequest | CompletionRequest) -> StreamUsage:
+    return StreamUsage(req.include_usage, req.continuous_usage)

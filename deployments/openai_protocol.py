@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deployments.openai_errors import APIError
+from deployments.openai_fields import ChatIgnoredFields, IgnoredFields
 from deployments.openai_structured import ResponseFormat
 from deployments.openai_tools import ToolCallIn, ToolChoice, ToolDef, history_tool_calls
 from shortconv.sampling.grammar import GrammarSpec
@@ -16,62 +15,7 @@ from shortconv.sampling.sampling_params import InvalidRequest, SamplingParams
 
 MAX_TOP_LOGPROBS = SamplingParams.MAX_LOGPROBS
 MAX_STOP_TOKEN_IDS = 64
-
-
-# Pydantic names the union member that failed in `loc` ("str", "list[int]", ...); a client
-# wants the field path only.
-_UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none)(\[.*\])?$|.*[\[(]")
-
-
-def from_validation_error(exc: ValidationError) -> APIError:
-    err = exc.errors()[0]
-    parts = []
-    for p in err.get("loc", ()):
-        if isinstance(p, str) and (p == "body" or _UNION_TAG.match(p)):
-            continue
-        parts.append(str(p))
-    param = ".".join(parts) or None
-    return APIError(f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param=param)
-
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or APIError (400): not UTF-8, not JSON, NaN/Infinity (not
-    JSON, though Python accepts them), ints past Python's digit limit, nesting past the
-    recursion limit, or a lone surrogate escape ("\\ud800", which no tokenizer can encode)."""
-    try:
-        data = json.loads(body, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError too
-        raise APIError(f"request body is not valid JSON: {exc}"[:500]) from None
-    if not isinstance(data, dict):
-        raise APIError("request body must be a JSON object")
-    bad = _lone_surrogate_at(data)
-    if bad is not None:
-        raise APIError(f"{bad}: not valid Unicode (lone surrogate escape)", param=bad)
-    return data
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _lone_surrogate_at(data: Any) -> str | None:
-    """Path of the first string (value or key) that cannot be encoded as UTF-8, else None."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:  # NOTE: iterative: the depth is already bounded by json's recursion limit
-        path, v = stack.pop()
-        if isinstance(v, str):
-            if not v.isascii():
-                try:
-                    v.encode("utf-8")
-                except UnicodeEncodeError:
-                    return path or "body"
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                sub = f"{path}.{k}" if path else str(k)
-                stack += [(path or "body", k), (sub, x)]
-        elif isinstance(v, list):
-            stack += [(f"{path}.{i}", x) for i, x in enumerate(v)]
-    return None
+MAX_PROMPTS = 64  # prompts in one completions request
 
 
 def check_context(num_prompt: int, max_tokens: int, max_model_len: int) -> None:
@@ -105,9 +49,14 @@ _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 class StreamOptions(BaseModel):
     model_config = _STRICT
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk (with include_usage)
 
 
-class _SamplingFields(BaseModel):
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
+class _SamplingFields(IgnoredFields):
     # NOTE: unknown fields are refused (like OpenAI's "Unrecognized request argument"), so a
     # misspelt knob is a 400 instead of being silently ignored. Strict types: "16" is not an
     # int and "yes" is not a bool (OpenAI refuses both), and NaN/Infinity are no numbers.
@@ -125,10 +74,20 @@ class _SamplingFields(BaseModel):
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False  # extension (vLLM)
     seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)  # extension (vLLM)
+    logit_bias: dict[str, Bias] | None = Field(None, max_length=SamplingParams.MAX_LOGIT_BIAS)
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)  # extension (vLLM)
+    skip_special_tokens: bool = True  # extension (vLLM)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not (key.isascii() and key.isdigit()) or int(key) > INT32_MAX:
+                raise ValueError(f"keys must be integer token ids, got {key!r}")
+        return v
 
     @field_validator("n")
     @classmethod
@@ -141,11 +100,6 @@ class _SamplingFields(BaseModel):
         if self.stream_options is not None and not self.stream:
             msg = "stream_options is only allowed with stream=true"
             raise APIError(msg, param="stream_options")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(f"{name} is not supported (must be 0)", param=name)
-        if self.logit_bias:
-            raise APIError("logit_bias is not supported", param="logit_bias")
 
     def sampling(
         self,
@@ -157,7 +111,7 @@ class _SamplingFields(BaseModel):
         self.check_unsupported()
         return make_sampling_params(
             grammar=grammar,
-            skip_special_tokens=skip_special_tokens,
+            skip_special_tokens=skip_special_tokens and self.skip_special_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
@@ -168,11 +122,23 @@ class _SamplingFields(BaseModel):
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=self.logit_bias,
+            min_tokens=self.min_tokens,
         )
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every streamed chunk (vLLM's `continuous_usage_stats`, as vLLM: only
+        together with `include_usage`)."""
+        opts = self.stream_options
+        return bool(opts and opts.include_usage and opts.continuous_usage_stats)
 
 
 class CompletionRequest(_SamplingFields):
@@ -186,20 +152,28 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
     response_format: ResponseFormat | None = None  # an extension here (vLLM has it too)
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: one string or token-id list, or a list of them (vLLM serves a list as
+        one request with one choice per prompt)."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise APIError("only one prompt per request is supported", param="prompt")
-            p = p[0]  # type: ignore[assignment]
-        if not p:
-            raise APIError("prompt is empty", param="prompt")
-        return p  # type: ignore[return-value]
+        many = isinstance(p, list) and bool(p) and isinstance(p[0], (str, list))
+        prompts: list[str | list[int]] = list(p) if many else [p]  # type: ignore[list-item, arg-type]
+        if len(prompts) > MAX_PROMPTS:
+            msg = f"{len(prompts)} prompts in one request; at most {MAX_PROMPTS}"
+            raise APIError(msg, param="prompt")
+        for i, one in enumerate(prompts):
+            if not one:
+                raise APIError("prompt is empty", param=f"prompt.{i}" if many else "prompt")
+        return prompts
 
     def check_unsupported(self) -> None:
         super().check_unsupported()
-        if self.echo:
-            raise APIError("echo is not supported", param="echo")
+        if self.echo and self.logprobs is not None:
+            raise APIError(
+                "echo with logprobs needs the prompt's logprobs, which this server does not "
+                "compute (the model's head runs on the last prompt position only)",
+                param="echo",
+            )
         if self.suffix:
             raise APIError("suffix is not supported", param="suffix")
         if self.best_of not in (None, 1):
@@ -246,7 +220,7 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, ChatIgnoredFields):
     model_config = ConfigDict(
         **_STRICT,
         json_schema_extra={"examples": [{"messages": [{"role": "user", "content": "Hello"}]}]},

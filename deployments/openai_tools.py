@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from deployments.openai_errors import APIError
 from deployments.openai_structured import NAME_PATTERN, ResponseFormat, check_json_schema
 from deployments.tool_parsers import BaseToolParser, Parsed, ParsedCall
+from deployments.tool_partial import scan_forced
 from shortconv.engine.outputs import FinishReason
 from shortconv.sampling.grammar import GrammarSpec
 
@@ -100,17 +101,16 @@ class ToolPlan:
         return None
 
     def _forced_calls(self, text: str) -> Parsed | None:
+        """The calls of a finished forced output; each call's arguments are the model's own
+        text of the object (what the stream sent), checked to be JSON."""
         try:
-            value = json.loads(text)
+            json.loads(text)
         except ValueError:
             return None
-        if self.mode == "named":
-            return Parsed("", (ParsedCall(self.named or "", json.dumps(value)),))
-        try:
-            calls = tuple(ParsedCall(c["name"], json.dumps(c["arguments"])) for c in value)
-        except (KeyError, TypeError):
+        raw = scan_forced(text, self.named if self.mode == "named" else None)
+        if not raw or any(c.name is None or c.start is None or c.end is None for c in raw):
             return None
-        return Parsed("", calls)
+        return Parsed("", tuple(ParsedCall(c.name or "", c.arguments(text)) for c in raw))
 
 
 def plan_tools(

@@ -92,6 +92,10 @@ class LLMEngine:
                 f"{self.max_model_len} (including at least one generated token)",
                 "prompt",
             )
+        outside = [t for t, _ in params.logit_bias if t >= vocab]
+        if outside:
+            msg = f"logit_bias token id {outside[0]} is outside the vocabulary [0, {vocab})"
+            raise InvalidRequest(msg, "logit_bias")
         if params.stop and self.tokenizer is None:
             raise InvalidRequest("stop strings need a tokenizer; this checkpoint has none", "stop")
         if params.grammar is not None:

@@ -12,7 +12,7 @@ from shortconv.cache.window_pages import WindowGroup
 from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
-from shortconv.sampling.sampler import SamplingRow
+from shortconv.sampling.sampling_row import make_row
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,13 @@ class Scheduler:
         start = req.num_computed
         sampling = None
         if start + n == req.num_tokens:  # the chunk ends the prompt (or is a decode step)
-            sampling = SamplingRow(req.params, req.seed, len(req.output_token_ids))
+            sampling = make_row(
+                req.params,
+                req.seed,
+                req.prompt_token_ids,
+                req.output_token_ids,
+                self.cfg.eos_token_ids,
+            )
         return SeqChunk(
             request_id=req.request_id,
             token_ids=tuple(req.all_token_ids[start : start + n]),

@@ -1,4 +1,6 @@
-"""Token sampler: greedy, temperature, top-k / top-p / min-p, reproducible seeded draws.
+"""Token sampler: greedy, temperature, top-k / top-p / min-p, reproducible seeded draws; logit
+controls (bias, min_tokens, penalties: shortconv/sampling/logit_controls.py) and grammar masks
+first.
 
 Filtering is vectorised over the batch with per-row parameter tensors; the only per-row work is
 seeding a generator and drawing that row's exponential noise. Every call ends in exactly one
@@ -8,27 +10,17 @@ device->host transfer, so the sampler never adds syncs beyond the one the engine
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from shortconv.sampling.grammar.token_mask import apply_token_masks
-from shortconv.sampling.sampling_params import SamplingParams
+from shortconv.sampling.logit_controls import apply_logit_controls
+from shortconv.sampling.sampling_row import SamplingRow
 
 _M64 = (1 << 64) - 1
 _M63 = (1 << 63) - 1
 _TINY = torch.finfo(torch.float32).tiny
-
-
-@dataclass(frozen=True)
-class SamplingRow:
-    """One row of the logits batch and how to pick its next token."""
-
-    params: SamplingParams
-    seed: int  # effective per-request seed, chosen by the engine
-    step: int  # tokens this request has generated so far (0 for the first)
-    # Allowed next tokens of a grammar-constrained request: xgrammar's int32 bitmask, as bytes.
-    token_mask: bytes | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -74,8 +66,9 @@ class Sampler:
             return SamplerOutput([], [], [])
         want = [r.params.logprobs for r in rows]
         greedy = [r.params.greedy for r in rows]
-        # Grammar masks pick among allowed tokens only; logprobs stay those of the raw model.
-        masked = apply_token_masks(logits, [r.token_mask for r in rows])
+        # Controls and grammar masks change what is picked; logprobs stay the raw model's.
+        controlled = apply_logit_controls(logits, rows)
+        masked = apply_token_masks(controlled, [r.token_mask for r in rows])
         if all(greedy) and all(k is None for k in want):
             # Decode fast path: argmax on the raw dtype orders exactly like fp32 (the widening
             # is exact and monotone), so skip the [B, V] fp32 copy.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shortconv.sampling.grammar.spec import GrammarSpec
@@ -27,6 +28,14 @@ class SamplingParams:
     most likely tokens. Logprobs are of the model's raw distribution (before temperature and
     truncation), like vLLM's default. `grammar` restricts every sampled token to those the
     grammar allows (the request stops once the grammar is complete).
+
+    Logit controls, applied in this order before temperature and truncation: `logit_bias`
+    (token id -> bias in [-100, 100], added to the logit; a mapping is frozen into sorted
+    pairs), `min_tokens` (EOS and `stop_token_ids` refused until that many tokens have been
+    generated; vLLM's extension), `repetition_penalty` (vLLM's: a logit of a token seen in the
+    prompt or the output is divided by it when positive, multiplied when negative), then
+    OpenAI's `frequency_penalty` (times the token's count in the output) and `presence_penalty`
+    (once if it occurs in the output), both subtracted.
     """
 
     temperature: float = 1.0
@@ -41,9 +50,16 @@ class SamplingParams:
     logprobs: int | None = None
     grammar: GrammarSpec | None = None  # constrain the output (JSON schema / JSON object)
     skip_special_tokens: bool = True  # False keeps e.g. tool-call markers in the text
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    min_tokens: int = 0
 
     MAX_STOP_STRINGS = 16
     MAX_LOGPROBS = 20
+    MAX_LOGIT_BIAS = 1024  # entries; OpenAI documents 300
+    MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's range)
 
     def __post_init__(self) -> None:
         # NOTE: lists are accepted for convenience and frozen into tuples so the object is hashable.
@@ -57,7 +73,9 @@ class SamplingParams:
             msg = f"SamplingParams.stop must be a sequence, got {stop!r}"
             raise InvalidRequest(msg, "stop") from None
         object.__setattr__(self, "stop_token_ids", _token_ids(ids))
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         self._validate()
+        self._validate_controls()
 
     def _validate(self) -> None:
         def bad(name: str, why: str) -> InvalidRequest:
@@ -87,9 +105,39 @@ class SamplingParams:
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= self.MAX_LOGPROBS):
             raise bad("logprobs", f"must be None or an int in [0, {self.MAX_LOGPROBS}], got {lp!r}")
 
+    def _validate_controls(self) -> None:
+        def bad(name: str, why: str) -> InvalidRequest:
+            return InvalidRequest(f"SamplingParams.{name} {why}", name)
+
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _finite(v) or abs(v) > self.MAX_PENALTY:
+                raise bad(
+                    name, f"must be in [-{self.MAX_PENALTY:g}, {self.MAX_PENALTY:g}], got {v!r}"
+                )
+        rp = self.repetition_penalty
+        if not _finite(rp) or rp <= 0:
+            raise bad("repetition_penalty", f"must be a finite number > 0, got {rp!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise bad("min_tokens", f"must be an int in [0, max_tokens], got {self.min_tokens!r}")
+        if len(self.logit_bias) > self.MAX_LOGIT_BIAS:
+            raise bad(
+                "logit_bias", f"has {len(self.logit_bias)} entries; at most {self.MAX_LOGIT_BIAS}"
+            )
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def needs_output_counts(self) -> bool:
+        """The sampler needs the generated tokens (presence, frequency, repetition)."""
+        return bool(self.presence_penalty or self.frequency_penalty) or self.needs_prompt_tokens
+
+    @property
+    def needs_prompt_tokens(self) -> bool:
+        """The sampler needs the prompt's tokens too (repetition penalty only)."""
+        return self.repetition_penalty != 1.0
 
 
 def _token_ids(ids: object) -> tuple[int, ...]:
@@ -103,6 +151,36 @@ def _token_ids(ids: object) -> tuple[int, ...]:
     except TypeError:
         msg = f"SamplingParams.stop_token_ids must be int token ids, got {ids!r}"
         raise InvalidRequest(msg, "stop_token_ids") from None
+
+
+def _logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
+    """Sorted (token id, bias) pairs from a mapping (JSON's keys are strings: "50256") or
+    pairs; every id a non-negative int, every bias a number in [-100, 100]."""
+    if bias is None:
+        return ()
+    try:
+        source = bias.items() if isinstance(bias, Mapping) else bias
+        pairs = [(key, value) for key, value in source]  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        msg = f"SamplingParams.logit_bias must map token ids to biases, got {bias!r}"
+        raise InvalidRequest(msg[:300], "logit_bias") from None
+    out: dict[int, float] = {}
+    for key, value in pairs:
+        if not _finite(value) or not -100.0 <= value <= 100.0:
+            why = f"must be a number in [-100, 100], got {value!r}"
+            raise InvalidRequest(f"SamplingParams.logit_bias[{key!r}] {why}", "logit_bias")
+        out[_bias_token_id(key)] = float(value)
+    return tuple(sorted(out.items()))
+
+
+def _bias_token_id(key: object) -> int:
+    """A token id key: an int, or a string of decimal digits (how JSON carries int keys)."""
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    if _is_int(key) and key >= 0:  # type: ignore[operator]
+        return key  # type: ignore[return-value]
+    msg = f"SamplingParams.logit_bias keys must be non-negative integer token ids, got {key!r}"
+    raise InvalidRequest(msg, "logit_bias")
 
 
 def _is_int(x: object) -> bool:

@@ -97,7 +97,9 @@ TABLE = {
     "empty-prompt": (C, cmpl(prompt=""), {}, 400, BAD, "prompt"),
     "empty-token-prompt": (C, cmpl(prompt=[]), {}, 400, BAD, "prompt"),
     "empty-messages": (CH, chat(messages=[]), {}, 400, BAD, "messages"),
-    "two-prompts": (C, cmpl(prompt=["a", "b"]), {}, 400, BAD, "prompt"),
+    "empty-prompt-in-batch": (C, cmpl(prompt=["a", ""]), {}, 400, BAD, "prompt.1"),
+    "too-many-prompts": (C, cmpl(prompt=["a"] * 65), {}, 400, BAD, "prompt"),
+    "mixed-prompt-batch": (C, cmpl(prompt=["a", [5]]), {}, 400, BAD, "prompt"),
     "prompt-over-context": (C, cmpl(prompt="x" * (2 * MAX_MODEL_LEN)), {}, 400, BAD, "prompt"),
     "chat-over-context": (
         CH,
@@ -140,8 +142,9 @@ TABLE = {
         BAD,
         "stream_options",
     ),
-    "penalty": (CH, chat(frequency_penalty=0.5), {}, 400, BAD, "frequency_penalty"),
-    "logit_bias": (C, cmpl(logit_bias={"5": 1.0}), {}, 400, BAD, "logit_bias"),
+    "penalty": (CH, chat(frequency_penalty=2.5), {}, 400, BAD, "frequency_penalty"),
+    "logit_bias": (C, cmpl(logit_bias={"5": 100.5}), {}, 400, BAD, "logit_bias"),
+    "logit_bias-key": (C, cmpl(logit_bias={"x5": 1.0}), {}, 400, BAD, "logit_bias"),
     "tools": (CH, chat(tools=[{"type": "function"}]), {}, 400, BAD, "tools"),
     "image-part": (
         CH,

@@ -7,20 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
-import yaml
 from grammar_schemas import INVALID, SCHEMAS, UNSUPPORTED
-
-from deployments.serve_run import serve_run
+from serve_apps import openai_client, yaml_app
 
 pytest.importorskip("xgrammar")
-ROOT = Path(__file__).resolve().parents[2]
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 MSGS = [{"role": "user", "content": "Answer in JSON."}]
 WEATHER = {
@@ -51,15 +47,13 @@ PARAMS = {"get_weather": WEATHER, "set_alarm": ALARM}
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = yaml.safe_load((ROOT / "deployments" / "lfm2.yaml").read_text())
-    env = {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg-cache"))}
-    with serve_run(config, 240.0, env=env) as (url, _):
+    with yaml_app("lfm2", tmp_path_factory) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(base)
 
 
 @pytest.fixture(scope="module")
@@ -171,12 +165,31 @@ def test_required_and_named_tool_calls_match_the_schemas(client: openai.OpenAI, 
     assert len(one.choices[0].message.tool_calls or []) == 1
 
 
-def test_tool_calls_streamed(client: openai.OpenAI, model: str) -> None:
-    chunks = list(_tool_call(client, model, "required", 1, stream=True))
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_tool_calls_streamed(client: openai.OpenAI, model: str, choice: str) -> None:
+    """The name first, then the arguments in pieces as they decode; the pieces of each call
+    concatenate to the arguments the same request gets whole (same seed)."""
+    pick = (
+        choice if choice == "required" else {"type": "function", "function": {"name": "set_alarm"}}
+    )
+    chunks = list(_tool_call(client, model, pick, 1, stream=True))
     deltas = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
     assert deltas and chunks[-1].choices[0].finish_reason == "tool_calls"
+    names: dict[int, str] = {}
+    args: dict[int, list[str]] = {}
     for d in deltas:
-        check(d.function.arguments, PARAMS[d.function.name])  # type: ignore[union-attr]
+        if d.function.name is not None:  # type: ignore[union-attr]
+            assert d.index not in names and d.id and d.id.startswith("call_")
+            names[d.index] = d.function.name  # type: ignore[union-attr]
+        assert d.index in names  # the name came first
+        args.setdefault(d.index, []).append(d.function.arguments or "")  # type: ignore[union-attr]
+    whole = _tool_call(client, model, pick, 1).choices[0].message.tool_calls or []
+    assert [(c.function.name, c.function.arguments) for c in whole] == [
+        (names[i], "".join(args[i])) for i in sorted(names)
+    ]
+    for i in names:
+        check("".join(args[i]), PARAMS[names[i]])
+    assert max(len([p for p in a if p]) for a in args.values()) >= 2  # streamed, not at the end
 
 
 def test_multi_turn_with_a_tool_message(client: openai.OpenAI, model: str) -> None:

@@ -221,7 +221,7 @@ def _formatter(plan: object, drop: object = None) -> object:
 
 
 def _acc(text: str, reason: str) -> object:
-    from deployments.openai_format import Accumulator
+    from deployments.openai_deltas import Accumulator
 
     return Accumulator(text=text, finish_reason=reason)
 

@@ -1,0 +1,31 @@
+"""`serve run` of a shipped YAML for a test module: the app and an `openai` client on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from deployments.serve_run import serve_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def yaml_app(name: str, tmp_path_factory: pytest.TempPathFactory, **args: Any) -> Iterator[str]:
+    """Serve deployments/<name>.yaml (its first app's args updated by `args`); yields the base
+    URL. Each app gets a cache of its own (the tiny checkpoint is built into it)."""
+    config = yaml.safe_load((ROOT / "deployments" / f"{name}.yaml").read_text())
+    config["applications"][0]["args"].update(args)
+    env = {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg-cache"))}
+    with serve_run(config, 240.0, env=env) as (url, _):
+        yield url
+
+
+def openai_client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)

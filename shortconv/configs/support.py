@@ -8,6 +8,8 @@ from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf.arch import ARCH_BY_CLASS
 from shortconv.errors import ConfigError
 from shortconv.execution.head_shard import head_shard
+from shortconv.kernels.dispatch import resolve_backend
+from shortconv.kernels.launch_config import MAX_CONV_WIDTH
 
 # NOTE: every architecture runs on both (kernels.dispatch: Triton on CUDA, torch on CPU).
 _DEVICE_TYPES = ("cpu", "cuda")
@@ -24,6 +26,12 @@ def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
         )
     if tp_size < 1:
         raise ConfigError(f"tp_size must be >= 1, got {tp_size}")
+    if cfg.conv_width > MAX_CONV_WIDTH and resolve_backend(device) == "triton":
+        # The torch path takes any width; the Triton kernels are bounded (launch_config).
+        raise ConfigError(
+            f"{cfg.arch}: short-conv width {cfg.conv_width} is wider than the Triton kernels "
+            f"take (2..{MAX_CONV_WIDTH}); on CPU set SHORTCONV_KERNELS=torch"
+        )
     head_shard(cfg.num_heads, cfg.num_kv_heads, tp_size)  # refuses heads that cannot split
     dims = {"vocab_size": cfg.vocab_size}
     if cfg.arch in ("lfm2", "lfm2_moe", "lfm3"):

@@ -19,13 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from shortconv.kernels.launch_config import CONV_PREFILL, CONV_SMALL
+from shortconv.kernels.launch_config import CONV_PREFILL, CONV_SMALL, MAX_CONV_WIDTH
 from shortconv.kernels.outputs import decode_out, out_like
 
-# The widest short conv the kernels take (LFM2: 3, LFM3: 7). Every kernel is generic in WIDTH
-# (taps unrolled with static_range, state columns in a power-of-2 block), so the bound only
-# keeps widths inside what the tests and the sm_90 compile check cover (2..8).
-MAX_WIDTH = 8
+MAX_WIDTH = MAX_CONV_WIDTH  # see launch_config
 
 
 def _fn_out_kernel(

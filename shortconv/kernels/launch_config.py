@@ -17,6 +17,12 @@ from dataclasses import dataclass
 
 AUTOTUNE_ENV = "SHORTCONV_AUTOTUNE"
 
+# The widest short conv the Triton kernels take (LFM2: 3, LFM3: 7). Every conv kernel is generic
+# in WIDTH (taps unrolled with static_range, state columns in a power-of-2 block), so the bound
+# only keeps widths inside what the tests and the sm_90 compile check cover (2..8). Here, not in
+# conv1d_triton, so that start-up checks can read it without importing triton.
+MAX_CONV_WIDTH = 8
+
 
 @dataclass(frozen=True)
 class LaunchConfig:

@@ -154,3 +154,19 @@ def test_released_shape_splits_at_tp(tp: int) -> None:
 def test_tp_that_does_not_divide_is_refused(tp: int, changes: dict, what: str) -> None:
     with pytest.raises(ConfigError, match=what):
         check_support(ModelConfig.from_hf_dict(tiny(**changes)), CPU, tp)
+
+
+def test_conv_wider_than_the_triton_kernels_is_refused_at_start(monkeypatch) -> None:
+    """A width past the Triton kernels' bound fails at start-up on their path (CUDA, or forced
+    on CPU), not at the first prefill; the torch path takes any width."""
+    wide = ModelConfig.from_hf_dict(tiny(conv_L_cache=9))
+    monkeypatch.delenv("SHORTCONV_KERNELS", raising=False)
+    check_support(wide, CPU, 1)
+    with pytest.raises(ConfigError, match=r"width 9 .*2\.\.8"):
+        check_support(wide, torch.device("cuda"), 1)
+    monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
+    with pytest.raises(ConfigError, match="width 9"):
+        check_support(wide, CPU, 1)
+    check_support(ModelConfig.from_hf_dict(tiny(conv_L_cache=8)), CPU, 1)
+    monkeypatch.setenv("SHORTCONV_KERNELS", "torch")
+    check_support(wide, torch.device("cuda"), 1)

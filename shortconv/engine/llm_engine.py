@@ -254,6 +254,14 @@ class LLMEngine:
             generation_tokens_total=self._counts["generation"],
             cached_tokens_total=self._counts["cached"],
             finished_by_reason=dict(self._finished),
+            kv_pages_used_by_kind={
+                "full": cm.pages.num_used,
+                "sliding": sum(g.pages.num_used for g in cm.windows),
+            },
+            kv_pages_total_by_kind={
+                "full": cm.pages.capacity,
+                "sliding": sum(g.pages.capacity for g in cm.windows),
+            },
             **self._prefix_cache_stats(),
         )
 

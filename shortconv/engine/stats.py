@@ -34,6 +34,11 @@ class EngineStats:
     prefix_cache_checkpoint_bytes: int = 0
     prefix_cache_pages: int = 0
     prefix_cache_evictions: int = 0
+    # KV pages per kind of attention layer group (`cache.kv_groups`): "full" is group 0 (the
+    # pages `kv_pages_used` counts), "sliding" every sliding-window group summed (LFM3; 0 of 0
+    # for models without one). Each group has its own pool, so each has its own total.
+    kv_pages_used_by_kind: dict[str, int] = field(default_factory=dict)
+    kv_pages_total_by_kind: dict[str, int] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:

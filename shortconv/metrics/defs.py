@@ -23,7 +23,12 @@ REPLAY_FAILURE_REASONS = ("prepare", "replay")
 FALLBACK_REASONS = ("no_bucket", "replay_error")
 FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.ERROR)
 STEP_PHASES = ("decode", "extend", "mixed")
-_LABEL_VALUES = {"finished_reason": FINISHED_REASONS, "phase": STEP_PHASES}
+KV_GROUP_KINDS = ("full", "sliding")  # EngineStats.kv_pages_*_by_kind's keys
+_LABEL_VALUES = {
+    "finished_reason": FINISHED_REASONS,
+    "phase": STEP_PHASES,
+    "kind": KV_GROUP_KINDS,
+}
 
 # vLLM's ladders; ITL and step time get sub-10 ms buckets since a short-conv decode step is fast.
 TTFT_BUCKETS = (
@@ -156,6 +161,21 @@ METRICS: tuple[MetricDef, ...] = (
         "kv_cache_usage_perc",
         "engine.kv_cache_usage",
         "Fraction of attention KV-cache pages in use (1 = full).",
+    ),
+    _m(
+        "gauge",
+        "kv_pages_used",
+        "engine.kv_pages_used_by_kind",
+        "KV pages in use, by kind of attention layer: full (every position kept) or sliding "
+        "(sliding-window layers, pages behind the window freed; LFM3).",
+        "kind",
+    ),
+    _m(
+        "gauge",
+        "kv_pages_capacity",
+        "engine.kv_pages_total_by_kind",
+        "KV pages in each kind's pool (sliding: 0 for models without sliding-window layers).",
+        "kind",
     ),
     _m(
         "counter",

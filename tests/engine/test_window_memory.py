@@ -59,10 +59,21 @@ def test_one_request_to_eight_windows_holds_the_window_and_frees_the_rest(lfm3) 
             assert window.pages.num_used == len([p for p in req.window_pages[0] if p]) <= bound
             assert cm.pages.num_used == len(req.pages) == -(-req.num_computed // PAGE)
             most = max(most, window.pages.num_used)
+            stats = eng.stats()  # what the metrics' kv_pages_used{kind} gauges read
+            assert stats.kv_pages_used_by_kind == {
+                "full": cm.pages.num_used,
+                "sliding": window.pages.num_used,
+            }
     assert len(prompt) + len(out.token_ids) == 8 * w
     assert most == bound  # a window straddling pages holds one more, never two
     assert window.pages.num_used == 0 and window.pages.num_free == window.pages.capacity
     assert cm.pages.num_used == 0 and cm.pages.num_free == cm.pages.capacity
+    idle = eng.stats()
+    assert idle.kv_pages_used_by_kind == {"full": 0, "sliding": 0}
+    assert idle.kv_pages_total_by_kind == {
+        "full": cm.pages.capacity,
+        "sliding": window.pages.capacity,
+    }
     assert_matches_oracle(out.token_ids, oracle_greedy(hf, prompt, len(out.token_ids)), "8x")
 
 

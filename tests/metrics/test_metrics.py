@@ -149,8 +149,10 @@ def test_counters_are_recorded_as_deltas() -> None:
         session_hits=2,
         generation_tokens_total=10,
         finished_by_reason={"stop": 1},
+        kv_pages_used_by_kind={"full": 4, "sliding": 3},
     )
     rec.record(busy)
+    assert sink.get("shortconv_kv_pages_used", kind="sliding") == 3
     assert sink.get("shortconv_state_slots_used", pool="conv") == 3
     assert sink.get("shortconv_kv_cache_usage_perc") == 0.25
     assert sink.get("shortconv_num_requests_waiting") == 1

@@ -8,6 +8,7 @@ tiny-checkpoint cache, its own Ray temp dir and a free port patched into a copy 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,6 +96,7 @@ def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> No
         chunks[-1].usage is not None
         and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     )
+    _answers_a_json_schema(client, model)
     assert httpx.get(f"{served}/health", timeout=30).status_code == 200
     startup = httpx.get(f"{served}/v1/internal/stats", timeout=30).json()["startup"]
     phases = dict(startup["phases"])  # the replica's start, phase by phase, and its memory
@@ -107,7 +109,9 @@ def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> No
         assert startup["torch_threads"] == threads_for(plan.replica)
     for rank in startup["ranks"]:
         assert rank["who"].endswith(f"({threads_for(plan.per_worker)} threads)")
-    bad = httpx.post(f"{served}/v1/chat/completions", json={"model": model, "messages": [], "n": 2})
+    bad = httpx.post(
+        f"{served}/v1/chat/completions", json={"model": model, "messages": [], "n": 10_000}
+    )
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     # A second turn of a session resumes from the first one's kept state.
     session = {"x-session-id": "yaml-session"}
@@ -133,6 +137,32 @@ def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> No
     details = second.usage.prompt_tokens_details if second.usage else None
     assert details is not None and (details.cached_tokens or 0) > 0
     asyncio.run(_burst_past_the_admission_limit(served, model, args.admission_limit))
+
+
+def _answers_a_json_schema(client: openai.OpenAI, model: str) -> None:
+    """Structured output through the YAML's app: the grammar holds on any tiny random model."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "A name and a number, as JSON."}],
+        max_tokens=64,
+        temperature=0.0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "pair", "schema": schema, "strict": True},
+        },  # type: ignore[arg-type]
+    )
+    assert r.choices[0].finish_reason == "stop", r.choices[0]  # the grammar closed the object
+    value = json.loads(r.choices[0].message.content or "")
+    assert set(value) == {"name", "n"} and 0 <= value["n"] <= 9 and len(value["name"]) <= 8
 
 
 async def _burst_past_the_admission_limit(base: str, model: str, limit: int) -> None:

@@ -1,9 +1,10 @@
 """llama.cpp's side of bench/serve_vs_llamacpp.py: find or build `llama-server`, convert a
 checkpoint to an f32 GGUF, start the server.
 
-The build follows what a user choosing a server would do: the llama-cpp-python sdist
-(`pip download --no-deps --no-binary :all: llama-cpp-python==VERSION`) vendors llama.cpp; only
-the `llama-server` CMake target is built, in a cache directory reused by later runs.
+The build follows what a user choosing a server would do: the llama-cpp-python sdist (fetched
+from the package index, the file `pip download --no-deps --no-binary :all:` would get) vendors
+llama.cpp; only the `llama-server` CMake target is built, in a cache directory reused by later
+runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+import httpx
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist the issue's numbers were measured with
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shortconv" / "llama.cpp"
@@ -41,14 +44,30 @@ def find_server(explicit: str | None) -> tuple[Path | None, str]:
     return None, f"would build {built_server()} from the llama-cpp-python {LLAMA_CPP_PYTHON} sdist"
 
 
+def fetch_sdist() -> Path:
+    """The sdist from the package index's JSON API (PEP 691). Not `pip download --no-binary
+    :all:`: that prepares the sdist's metadata, and the flag makes pip build every build
+    dependency (scikit-build-core, hatchling, setuptools, ...) from source first, recursively."""
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    out = CACHE / name
+    if out.is_file():
+        return out
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    accept = {"Accept": "application/vnd.pypi.simple.v1+json"}
+    files = httpx.get(f"{index}/llama-cpp-python/", headers=accept, timeout=60).json()["files"]
+    (url,) = [f["url"] for f in files if f["filename"] == name]
+    with httpx.stream("GET", url, timeout=300, follow_redirects=True) as r, out.open("wb") as f:
+        r.raise_for_status()
+        for block in r.iter_bytes():
+            f.write(block)
+    return out
+
+
 def build_server(jobs: int) -> Path:
     """Download the sdist, unpack it, build the `llama-server` target only (Release, native)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     if not source_dir().is_dir():
-        spec = f"llama-cpp-python=={LLAMA_CPP_PYTHON}"
-        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-        subprocess.run([*pip, spec, "-d", str(CACHE)], check=True)
-        (sdist,) = CACHE.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz")
+        sdist = fetch_sdist()
         with tarfile.open(sdist) as tar:
             tar.extractall(CACHE, filter="data")
     src, build = source_dir(), source_dir() / "build"

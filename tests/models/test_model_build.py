@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from shortconv.cache.kv_groups import kv_groups
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.execution.parallel import SINGLE
 from shortconv.execution.runner import ModelRunner
@@ -30,7 +31,8 @@ def test_runner_allocates_weights_in_the_target_dtype(
 
     monkeypatch.setattr(nn.Module, "to", spy)
     cfg = ModelConfig.from_dir(path)
-    cap = Capacity(num_slots=3, num_pages=9)
+    windows = (9,) * (len(kv_groups(cfg)) - 1)  # LFM3's sliding-window group has its own pool
+    cap = Capacity(num_slots=3, num_pages=9, window_pages=windows)
     spec = WorkerSpec(
         path, cfg, EngineConfig(max_num_seqs=2), cap, torch.bfloat16, torch.device("cpu"), 32
     )

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -64,8 +65,8 @@ class StatePool:
         self.states: dict[str, torch.Tensor] = {}
         self._layer_pos: dict[str, dict[int, int]] = {}
         for spec in specs:
-            self.states[spec.name] = torch.zeros(
-                (len(spec.layer_ids), num_slots, *spec.shape), dtype=dtype, device=device
+            self.states[spec.name] = lazy_zeros(
+                (len(spec.layer_ids), num_slots, *spec.shape), dtype, device
             )
             self._layer_pos[spec.name] = {lid: i for i, lid in enumerate(spec.layer_ids)}
         self.kv_specs: tuple[KVSpec, ...] = (kv,) if isinstance(kv, KVSpec) else tuple(kv or ())
@@ -132,6 +133,23 @@ def _kv_tensors(
     spec: KVSpec, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (len(spec.layer_ids), spec.num_pages * spec.page_size, spec.num_kv_heads, spec.head_dim)
-    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(
-        shape, dtype=dtype, device=device
-    )
+    return lazy_zeros(shape, dtype, device), lazy_zeros(shape, dtype, device)
+
+
+# Byte alignment of a CPU pool tensor's start (a cache line, and AVX-512's vector width).
+_CPU_ALIGN = 64
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on CPU one whose untouched pages cost no resident memory.
+
+    Why: `torch.zeros` writes every byte, so a 1 GiB KV pool was resident from the start however
+    few pages were ever used. calloc (numpy's zeros) takes large blocks straight from mmap,
+    whose pages the OS zero-fills on first touch; the contents are zeros either way, so every
+    reader sees exactly what `torch.zeros` gave it (no kernel may rely on less)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(nbytes + _CPU_ALIGN, dtype=np.uint8))
+    skip = -raw.data_ptr() % _CPU_ALIGN
+    return raw[skip : skip + nbytes].view(dtype).view(shape)

@@ -167,9 +167,11 @@ class EngineConfig:
     graph_context_sizes: tuple[int, ...] = field(
         default=(256, 512, 1024, 2048, 4096, 8192), metadata={"min_length": 1}
     )
-    # CPU fp32: keep a oneDNN-blocked copy of every large linear weight (about the weights'
-    # size again in memory) for batches of 8+ rows, where it measured 5-40% faster per GEMM.
-    prepack_cpu_weights: bool = True
+    # CPU fp32: keep a oneDNN-blocked copy of every large linear weight beside the plain one,
+    # for batches of 8+ rows. Off: the copy costs the weights' size again in memory, and oneDNN
+    # on the plain weight measured within 0-13% of it at 32 rows and 1.4-2x faster at one row
+    # (docs/serving_path.md, Memory), so one copy serves every batch size.
+    prepack_cpu_weights: bool = False
     # Automatic prefix caching (shortconv.cache.prefix_cache): KV pages shared by reference,
     # recurrent state checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64
     # rounded up to whole pages; a multiple of kv_page_size) and at every end of prompt and of

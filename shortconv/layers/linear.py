@@ -39,11 +39,12 @@ _HAS_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(
 # on the LFM2-350M MLP at 512 rows (prefill), a wash at decode sizes.
 FUSED_SWIGLU_MIN_ROWS = 64
 
-# Rows from which a layer's prepacked (oneDNN-blocked) weight is used instead of the plain one:
-# on LFM2-350M-sized weights (2 cores, AVX-512) the blocked copy was 5-40% faster from 8 rows
-# up, but 20-27% slower at 1 row for the largest (a 65536x1024 LM head, 6912x1024), so single
-# rows keep the plain weight. oneDNN picks the blocking for _PACK_ROWS rows (32 and 512 measured
-# alike).
+# Rows from which a layer's prepacked (oneDNN-blocked) weight, where one was made (opt-in:
+# EngineConfig.prepack_cpu_weights), is used instead of the plain one. On LFM2-350M-sized
+# weights (one thread, AVX-512) the blocked copy was 0-13% faster than oneDNN on the plain
+# weight at 32 rows but 1.2-2x slower at one row, so single rows keep the plain weight; the
+# default keeps no copy at all (one copy of the weights in memory). oneDNN picks the blocking
+# for _PACK_ROWS rows (32 and 512 measured alike).
 PACKED_MIN_ROWS = 8
 _PACK_ROWS = 32
 
@@ -143,7 +144,8 @@ class Packable(nn.Module):
 def prepack_linears(model: nn.Module) -> int:
     """Give every `Packable` layer of `model` a blocked copy of its weight where the CPU fp32
     oneDNN path applies; returns the bytes added (the plain weights stay: single-row batches,
-    the embedding a tied LM head shares, and every non-CPU path use them)."""
+    the embedding a tied LM head shares, and every non-CPU path use them). Opt-in: the copies
+    double the weights' memory for a few percent at batch sizes of 8 and more."""
     added = 0
     for mod in model.modules():
         if isinstance(mod, Packable):

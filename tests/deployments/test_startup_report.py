@@ -13,7 +13,8 @@ from deployments.server import build_engine, startup_summary
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 from workers.startup import PhaseClock, process_age_s, rss_bytes
 
-RUNNER_PHASES = ["weights", "prepack", "state_pool"]
+# "prepack" joins them only with EngineConfig.prepack_cpu_weights (off by default).
+RUNNER_PHASES = ["weights", "state_pool"]
 
 
 @pytest.fixture(scope="module")

@@ -104,7 +104,7 @@ def test_greedy_parity_with_every_linear_packed(
     refs = [oracle_greedy(hf, p, 8) for p in prompts]
     monkeypatch.setattr(linear_mod, "ONEDNN_MIN_WEIGHT", 1 << 10)
     monkeypatch.setattr(linear_mod, "PACK_MIN_WEIGHT", 1 << 10)
-    llm = LLM(model=path, dtype="float32", max_num_batched_tokens=40)
+    llm = LLM(model=path, dtype="float32", max_num_batched_tokens=40, prepack_cpu_weights=True)
     runner = llm.engine.executor.runner
     packed = [m for m in runner.model.modules() if getattr(m, "packed", None) is not None]
     assert len(packed) >= 4, "the lowered floor must put linears on the packed path"

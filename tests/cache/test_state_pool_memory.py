@@ -1,0 +1,55 @@
+"""The CPU state pool costs resident memory only for the pages it touches, and still reads as
+zeros everywhere (what `torch.zeros` gave every kernel before)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from shortconv.cache.state_pool import KVSpec, StatePool, StateSpec, lazy_zeros
+
+CPU = torch.device("cpu")
+MIB = 2**20
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _pool(dtype: torch.dtype, pages: int) -> StatePool:
+    kv = KVSpec(layer_ids=(1, 3), num_kv_heads=4, head_dim=64, page_size=16, num_pages=pages)
+    return StatePool([StateSpec("conv", (0, 2), (32, 3))], kv, 4, dtype, CPU)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc")
+def test_an_untouched_kv_pool_is_not_resident() -> None:
+    pages = 8192  # K and V: 2 * 2 layers * 8192*16 rows * 4 heads * 64 * 4 B = 256 MiB
+    before = _rss()
+    pool = _pool(torch.float32, pages)
+    assert pool.nbytes() > 256 * MIB
+    assert _rss() - before < 16 * MIB, "allocating the pool must not touch its pages"
+    k, v = pool.kv(1)
+    k[: 64 * 16].fill_(1.0)  # 64 pages of one layer's K: 1 MiB
+    grown = _rss() - before
+    assert MIB <= grown < 17 * MIB, "only the written pages become resident"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_pool_tensors_are_aligned_contiguous_zeros(dtype: torch.dtype) -> None:
+    pool = _pool(dtype, 64)
+    tensors = [*pool.states.values(), *pool.kv_caches[0]]
+    for t in tensors:
+        assert t.dtype == dtype and t.is_contiguous() and t.device == CPU
+        assert t.data_ptr() % 64 == 0
+        assert not t.any()
+    assert pool.kv(3)[0].shape == (64 * 16, 4, 64)
+    assert pool.state("conv", 2).shape == (4, 32, 3)
+
+
+def test_lazy_zeros_of_no_elements_and_off_cpu() -> None:
+    assert lazy_zeros((0, 5), torch.float32, CPU).shape == (0, 5)
+    meta = lazy_zeros((3, 2), torch.bfloat16, torch.device("meta"))
+    assert meta.device.type == "meta" and meta.shape == (3, 2)

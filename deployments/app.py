@@ -128,6 +128,8 @@ def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any
         "model_name": served_model_name(args),
         "max_request_bytes": args.max_request_bytes,
         "api_key": args.api_key,
+        "responses_ttl_s": args.responses_ttl_s,
+        "max_stored_responses": args.max_stored_responses,
     }
     return OpenAIIngress.options(**ingress_options(args)).bind(llm, cfg)
 

@@ -42,6 +42,9 @@ from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
 from deployments.openai_tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.prefix_key import chat_prefix, completion_prefix
 from deployments.replica_api import Replica, Reply, RequestContext
+from deployments.responses_api import ResponsesService
+from deployments.responses_routes import install_responses_routes
+from deployments.responses_store import ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +59,14 @@ class IngressConfig:
     model_name: str
     max_request_bytes: int = 1 << 20
     api_key: str | None = None  # None: $SHORTCONV_API_KEY in this process, else no auth
+    responses_ttl_s: float = 3600.0  # stored Responses (deployments/responses_store.py)
+    max_stored_responses: int = 10_000
 
 
 def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
-    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
-    /health, /v1/internal/stats, /v1/internal/reset_prefix_cache."""
+    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses (and GET /
+    DELETE /v1/responses/{id}), /tokenize, /detokenize, /health, /v1/internal/stats,
+    /v1/internal/reset_prefix_cache."""
     app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
     api_key = resolve_api_key(cfg.api_key)
     install_error_handlers(app, as_api_error, EXPECTED_ERRORS)
@@ -126,6 +132,11 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
     async def reset_prefix_cache(request: Request) -> Response:
         return respond(await replica(request).reset_prefix_cache())
 
+    store = ResponseStore(cfg.responses_ttl_s, cfg.max_stored_responses)
+    service = ResponsesService(connect, store, cfg.model_name)
+    install_responses_routes(
+        app, service, parse, lambda r: check_auth(r, api_key), respond, REPLICA_HEADER
+    )
     _install_openapi(app, cfg.model_name)
     return app
 

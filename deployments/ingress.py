@@ -44,7 +44,8 @@ from deployments.prefix_key import chat_prefix, completion_prefix
 from deployments.replica_api import Replica, Reply, RequestContext
 from deployments.responses_api import ResponsesService
 from deployments.responses_routes import install_responses_routes
-from deployments.responses_store import ResponseStore
+from deployments.responses_store import LocalStore, ResponseStore, Store
+from deployments.responses_store_server import HandleStore
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,11 @@ class IngressConfig:
     max_stored_responses: int = 10_000
 
 
-def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
+def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None = None) -> FastAPI:
     """Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses (and GET /
     DELETE /v1/responses/{id}), /tokenize, /detokenize, /health, /v1/internal/stats,
-    /v1/internal/reset_prefix_cache."""
+    /v1/internal/reset_prefix_cache. `store` keeps stored responses (default: in this process,
+    for `responses_ttl_s`, at most `max_stored_responses`)."""
     app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
     api_key = resolve_api_key(cfg.api_key)
     install_error_handlers(app, as_api_error, EXPECTED_ERRORS)
@@ -132,7 +134,7 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
     async def reset_prefix_cache(request: Request) -> Response:
         return respond(await replica(request).reset_prefix_cache())
 
-    store = ResponseStore(cfg.responses_ttl_s, cfg.max_stored_responses)
+    store = store or LocalStore(ResponseStore(cfg.responses_ttl_s, cfg.max_stored_responses))
     service = ResponsesService(connect, store, cfg.model_name)
     install_responses_routes(
         app, service, parse, lambda r: check_auth(r, api_key), respond, REPLICA_HEADER
@@ -205,11 +207,15 @@ def _install_openapi(app: FastAPI, model_name: str) -> None:
 @serve.deployment(name="OpenAIIngress")
 @serve.ingress()
 class OpenAIIngress:
-    """The HTTP app, serving every request through LLMServer (`llm`)."""
+    """The HTTP app, serving every request through LLMServer (`llm`); stored responses live in
+    the ResponseStore deployment (`responses`) when given, else in this replica."""
 
-    def __init__(self, llm: DeploymentHandle, cfg: dict[str, Any]) -> None:
+    def __init__(
+        self, llm: DeploymentHandle, cfg: dict[str, Any], responses: DeploymentHandle | None = None
+    ) -> None:
         self.llm = llm
         self.cfg = IngressConfig(**cfg)
+        self.store = HandleStore(responses) if responses is not None else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_ingress_app(lambda sid: HandleReplica(self.llm, sid), self.cfg)
+        return build_ingress_app(lambda sid: HandleReplica(self.llm, sid), self.cfg, self.store)

@@ -31,7 +31,7 @@ from deployments.responses_convert import (
     usage_of,
 )
 from deployments.responses_protocol import ResponsesRequest
-from deployments.responses_store import ResponseStore
+from deployments.responses_store import Store
 from deployments.responses_stream import Event, ResponseEvents
 
 Connect = Callable[[str | None], Replica]
@@ -94,14 +94,14 @@ def _format(req: ResponsesRequest) -> dict[str, Any]:
 class ResponsesService:
     """Create (whole or streamed), get and delete responses over the replicas."""
 
-    def __init__(self, connect: Connect, store: ResponseStore, model_name: str) -> None:
+    def __init__(self, connect: Connect, store: Store, model_name: str) -> None:
         self.connect, self.store, self.model_name = connect, store, model_name
 
-    def plan(self, req: ResponsesRequest) -> _Turn:
+    async def plan(self, req: ResponsesRequest) -> _Turn:
         history: list[dict[str, Any]] = []
         session: str | None = None
         if req.previous_response_id is not None:
-            prev = self.store.get(req.previous_response_id, param="previous_response_id")
+            prev = await self.store.get(req.previous_response_id, param="previous_response_id")
             history, session = list(prev.messages), prev.session_id
         rid = new_id("resp")
         if session is None and req.store:
@@ -115,7 +115,7 @@ class ResponsesService:
         return self.connect(turn.session_id), ctx
 
     async def create(self, req: ResponsesRequest) -> Reply:
-        turn = self.plan(req)
+        turn = await self.plan(req)
         target, ctx = self._replica(turn)
         try:
             reply = await target.chat(turn.chat, ctx)
@@ -125,12 +125,12 @@ class ResponsesService:
         items = output_items(choice["message"])
         status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
         body = turn.response(self.model_name, items, usage_of(reply.body.get("usage")), status)
-        self._keep(turn, body)
+        await self._keep(turn, body)
         return Reply(reply.replica_id, body)
 
     async def stream(self, req: ResponsesRequest) -> tuple[str, AsyncIterator[Event]]:
         """(the serving replica, the events); a refusal raises here, before any event."""
-        turn = self.plan(req)
+        turn = await self.plan(req)
         target, ctx = self._replica(turn)
         replies = target.chat_stream(turn.chat, ctx)
         try:
@@ -158,17 +158,17 @@ class ResponsesService:
         async with aclosing(chunks), aclosing(stream):  # type: ignore[type-var]
             async for event in stream:
                 if event["type"] in ("response.completed", "response.incomplete"):
-                    self._keep(turn, event["response"])
+                    await self._keep(turn, event["response"])
                 yield event
 
-    def _keep(self, turn: _Turn, body: dict[str, Any]) -> None:
+    async def _keep(self, turn: _Turn, body: dict[str, Any]) -> None:
         if turn.request.store and turn.session_id is not None:
             messages = [*turn.messages, assistant_turn(body["output"])]
-            self.store.put(body, messages, turn.session_id)
+            await self.store.put(body, messages, turn.session_id)
 
-    def get(self, response_id: str) -> dict[str, Any]:
-        return self.store.get(response_id).body
+    async def get(self, response_id: str) -> dict[str, Any]:
+        return (await self.store.get(response_id)).body
 
-    def delete(self, response_id: str) -> dict[str, Any]:
-        self.store.delete(response_id)
+    async def delete(self, response_id: str) -> dict[str, Any]:
+        await self.store.delete(response_id)
         return {"id": response_id, "object": "response", "deleted": True}

@@ -48,12 +48,12 @@ def install_responses_routes(
     @app.get("/v1/responses/{response_id}")
     async def get(request: Request, response_id: str) -> Response:
         authorize(request)
-        return JSONResponse(service.get(response_id))
+        return JSONResponse(await service.get(response_id))
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(request: Request, response_id: str) -> Response:
         authorize(request)
-        return JSONResponse(service.delete(response_id))
+        return JSONResponse(await service.delete(response_id))
 
 
 async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[str]:

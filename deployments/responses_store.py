@@ -1,6 +1,8 @@
 """Stored responses (`store: true`): the response object, its whole conversation and the session
 that keeps its state, for `previous_response_id`, `GET` and `DELETE /v1/responses/{id}`.
 
+The app keeps them in one place for every ingress replica (deployments/responses_store_server.py,
+a one-replica deployment); a test's in-process app keeps them in its own process (`LocalStore`).
 A conversation is one session: its first response's id is the session id every later turn is
 routed and served under (deployments/responses_api.py), so the next turn lands on the replica
 holding its state. The store keeps the conversation as chat messages too, so a turn whose
@@ -15,7 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from deployments.openai_errors import APIError
 
@@ -26,6 +28,36 @@ class StoredResponse:
     messages: tuple[dict[str, Any], ...]  # the conversation through this response, as chat
     session_id: str  # the conversation's session (its first response's id)
     stored_at: float
+
+
+class Store(Protocol):
+    """What the Responses service needs of a store: ResponseStore in this process
+    (`LocalStore`), or the app's one ResponseStore deployment, shared by every ingress replica
+    (deployments/responses_store_server.py)."""
+
+    async def put(
+        self, body: dict[str, Any], messages: list[dict[str, Any]], session_id: str
+    ) -> None: ...
+    async def get(self, response_id: str, param: str | None = None) -> StoredResponse: ...
+    async def delete(self, response_id: str) -> None: ...
+
+
+class LocalStore:
+    """`Store` over a ResponseStore in this process."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+
+    async def put(
+        self, body: dict[str, Any], messages: list[dict[str, Any]], session_id: str
+    ) -> None:
+        self.store.put(body, messages, session_id)
+
+    async def get(self, response_id: str, param: str | None = None) -> StoredResponse:
+        return self.store.get(response_id, param)
+
+    async def delete(self, response_id: str) -> None:
+        self.store.delete(response_id)
 
 
 class ResponseStore:

@@ -19,6 +19,11 @@ from deployments.responses_protocol import ResponsesRequest, TextFormat
 
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
+# Fields a Responses request passes to chat as they are.
+_SAMPLING = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+    "stop", "ignore_eos", "parallel_tool_calls",
+)  # fmt: skip
 # Chat fields a replica's refusal names -> the Responses field a client sent.
 _PARAMS = {
     "messages": "input",
@@ -100,10 +105,8 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatC
     """The chat request serving `req` over the whole conversation `messages`."""
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body: dict[str, Any] = {"messages": system + messages, "stream": req.stream}
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "parallel_tool_calls"):
+    for name in _SAMPLING:
         body[name] = getattr(req, name)
-    body["presence_penalty"] = req.presence_penalty
-    body["frequency_penalty"] = req.frequency_penalty
     body["max_completion_tokens"] = req.max_output_tokens
     if req.stream:
         body["stream_options"] = {"include_usage": True}

@@ -70,6 +70,8 @@ class ResponsesRequest(BaseModel):
     seed: int | None = Field(None, ge=INT64[0], le=INT64[1])  # extension (vLLM)
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    stop: str | list[str] | None = None  # extension (vLLM; guidellm sends `stop: null`)
+    ignore_eos: bool = False  # extension (vLLM; guidellm sends it for fixed output lengths)
     text: TextConfig | None = None
     tools: list[FunctionTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None

@@ -224,3 +224,29 @@ def test_agents_sdk_runs_a_tool_round_trip(base: str, model: str) -> None:
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds
     assert kinds[-1] == "message_output_item" and isinstance(result.final_output, Weather)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_guidellm_responses_bodies(base: str, model: str, stream: bool) -> None:
+    """What guidellm 0.8.1's `/v1/responses` handler sends for a fixed output length
+    (guidellm/backends/openai/request_handlers.py): vLLM's `stop: null` and `ignore_eos`, the
+    prompt as `input_text` parts of a role-only item; usage from the terminal event."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_output_tokens": 8,
+        "stop": None,
+        "ignore_eos": True,
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "the sky is"}]}],
+    }
+    if stream:
+        body["stream"] = True
+    r = httpx.post(f"{base}/v1/responses", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    if stream:
+        lines = [ln for ln in r.text.splitlines() if ln.startswith("data: ")]
+        done = json.loads(lines[-1][len("data: ") :])
+        assert done["type"] == "response.incomplete"
+        r_body = done["response"]
+    else:
+        r_body = r.json()
+    assert r_body["usage"]["output_tokens"] == 8 and r_body["status"] == "incomplete"

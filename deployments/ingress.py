@@ -41,15 +41,15 @@ from deployments.openai_errors import APIError
 from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
 from deployments.openai_tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.prefix_key import chat_prefix, completion_prefix
-from deployments.replica_api import Replica, Reply, RequestContext
+from deployments.replica_api import REPLICA_HEADER, Replica, Reply, RequestContext
 from deployments.responses_api import ResponsesService
+from deployments.responses_protocol import ResponsesRequest
 from deployments.responses_routes import install_responses_routes
 from deployments.responses_store import LocalStore, ResponseStore, Store
 from deployments.responses_store_server import HandleStore
 
 log = logging.getLogger(__name__)
 
-REPLICA_HEADER = "x-shortconv-replica"
 _Req = TypeVar("_Req", bound=BaseModel)
 # connect(session id or None) -> the replica methods, routed for that session
 Connect = Callable[[str | None], Replica]
@@ -137,7 +137,12 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
     store = store or LocalStore(ResponseStore(cfg.responses_ttl_s, cfg.max_stored_responses))
     service = ResponsesService(connect, store, cfg.model_name)
     install_responses_routes(
-        app, service, parse, lambda r: check_auth(r, api_key), respond, REPLICA_HEADER
+        app,
+        service,
+        parse,
+        lambda r: check_auth(r, api_key),
+        respond,
+        {"openapi_extra": _body_schema(ResponsesRequest)},
     )
     _install_openapi(app, cfg.model_name)
     return app
@@ -193,7 +198,13 @@ def _install_openapi(app: FastAPI, model_name: str) -> None:
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         comps = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest):
+        for model in (
+            CompletionRequest,
+            ChatCompletionRequest,
+            ResponsesRequest,
+            TokenizeRequest,
+            DetokenizeRequest,
+        ):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(schema.pop("$defs", {}))
             schema["properties"]["model"] = {"anyOf": [{"const": model_name}, {"type": "null"}]}

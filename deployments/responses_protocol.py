@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.openai_protocol import INT32_MAX, INT64, Penalty
 from deployments.openai_structured import NAME_PATTERN
+from deployments.openai_tools import FunctionDef
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 MAX_INPUT_ITEMS = 1024
@@ -39,15 +40,10 @@ class TextConfig(BaseModel):
     verbosity: str | None = None  # a reasoning models' hint: ignored
 
 
-class FunctionTool(BaseModel):
-    """A function tool in Responses' flat shape (no `function` wrapper)."""
+class FunctionTool(FunctionDef):
+    """A function tool in Responses' flat shape (chat's function, no `function` wrapper)."""
 
-    model_config = _STRICT
     type: Literal["function"]
-    name: str = Field(pattern=NAME_PATTERN)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
 
 
 class NamedFunction(BaseModel):

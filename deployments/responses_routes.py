@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from deployments.handle_replica import as_api_error
-from deployments.replica_api import Reply
+from deployments.replica_api import REPLICA_HEADER, Reply
 from deployments.responses_api import ResponsesService
 from deployments.responses_protocol import ResponsesRequest
 from deployments.responses_stream import Event
@@ -31,18 +31,19 @@ def install_responses_routes(
     parse: Parse,
     authorize: Callable[[Request], None],
     respond: Callable[[Reply], JSONResponse],
-    replica_header: str,
+    post_options: dict[str, Any],
 ) -> None:
-    """`parse` reads and checks a body (auth, size, schema, model name) as for chat."""
+    """`parse` reads and checks a body (auth, size, schema, model name) as for chat;
+    `respond` answers a Reply (naming its replica); `post_options` document the body."""
 
-    @app.post("/v1/responses")
+    @app.post("/v1/responses", **post_options)
     async def create(request: Request) -> Response:
         req = await parse(request, ResponsesRequest)
         assert isinstance(req, ResponsesRequest)
         if not req.stream:
             return respond(await service.create(req))
         replica_id, events = await service.stream(req)
-        headers = {"cache-control": "no-cache", replica_header: replica_id}
+        headers = {"cache-control": "no-cache", REPLICA_HEADER: replica_id}
         return StreamingResponse(_sse(events), media_type="text/event-stream", headers=headers)
 
     @app.get("/v1/responses/{response_id}")

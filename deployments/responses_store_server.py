@@ -14,24 +14,15 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.responses_store import ResponseStore, StoredResponse
+from deployments.responses_store import LocalStore, ResponseStore, StoredResponse
 
 
 @serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0})
-class ResponseStoreServer:
+class ResponseStoreServer(LocalStore):
+    """LocalStore's methods, called through the handle. NOTE: a 404 APIError crosses whole."""
+
     def __init__(self, ttl_s: float, max_entries: int) -> None:
-        self.store = ResponseStore(ttl_s, max_entries)
-
-    async def put(
-        self, body: dict[str, Any], messages: list[dict[str, Any]], session_id: str
-    ) -> None:
-        self.store.put(body, messages, session_id)
-
-    async def get(self, response_id: str, param: str | None = None) -> StoredResponse:
-        return self.store.get(response_id, param)  # NOTE: its 404 APIError crosses whole
-
-    async def delete(self, response_id: str) -> None:
-        self.store.delete(response_id)
+        super().__init__(ResponseStore(ttl_s, max_entries))
 
 
 class HandleStore:

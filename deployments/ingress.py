@@ -10,6 +10,8 @@ prompt's prefix key (deployments/prefix_key.py) goes with the call, where Sessio
 sees it. Streams are framed as server-sent events here, chunk by chunk as the replica makes
 them; a client that disconnects cancels the call, so the replica aborts and frees its slot.
 /health and /openapi.json are open (probes and the request schemas carry no data).
+The Responses API (`/v1/responses`) is served here as chat calls under the conversation's
+session (deployments/responses_api.py, responses_routes.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,12 @@ class _Local:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    ckpt = make_tiny_checkpoint("lfm2", tmp_path_factory.mktemp("ckpt"), seed=0)
-    local = _Local(ckpt)
+def local(tmp_path_factory: pytest.TempPathFactory) -> _Local:
+    return _Local(make_tiny_checkpoint("lfm2", tmp_path_factory.mktemp("ckpt"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def client(local: _Local) -> Iterator[openai.OpenAI]:
     app = build_ingress_app(lambda sid: local.replica, IngressConfig(MODEL))
     with TestClient(app) as http:
         yield openai.OpenAI(
@@ -216,3 +220,18 @@ def test_store_ttl_and_bound() -> None:
     with pytest.raises(Exception, match="expired") as info:
         store.get("b", param="previous_response_id")
     assert info.value.status == 404 and info.value.param == "previous_response_id"  # type: ignore[attr-defined]
+
+
+def test_expired_ids_are_a_404_saying_so(local: _Local) -> None:
+    cfg = IngressConfig(MODEL, responses_ttl_s=0.5)
+    with TestClient(build_ingress_app(lambda sid: local.replica, cfg)) as http:
+        r = http.post("/v1/responses", json={"input": "x", "max_output_tokens": 2})
+        rid = r.json()["id"]
+        assert http.get(f"/v1/responses/{rid}").status_code == 200
+        time.sleep(0.6)
+        got = http.get(f"/v1/responses/{rid}")
+        assert got.status_code == 404 and "expired" in got.json()["error"]["message"]
+        nxt = http.post("/v1/responses", json={"input": "y", "previous_response_id": rid})
+        err = nxt.json()["error"]
+        assert nxt.status_code == 404 and err["param"] == "previous_response_id"
+        assert "expired" in err["message"]

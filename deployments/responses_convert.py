@@ -111,7 +111,7 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatC
     if req.stream:
         body["stream_options"] = {"include_usage": True}
     fmt = req.text_format()
-    forced = req.tool_choice is not None and req.tool_choice != "auto" and req.tool_choice != "none"
+    forced = req.tool_choice not in (None, "auto", "none")
     if fmt is not None and not forced:  # NOTE: a forced call writes no text to format
         body["response_format"] = _response_format(fmt)
     if req.tools:

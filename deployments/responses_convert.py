@@ -210,7 +210,7 @@ def usage_of(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
     inp, out = u.get("prompt_tokens", 0), u.get("completion_tokens", 0)
     return {
         "input_tokens": inp,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": out,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": inp + out,

@@ -81,7 +81,8 @@ class ResponseEvents:
         if self._text is None:
             events += self._open_message()
         self._text = (self._text or "") + text
-        return [*events, self._event("response.output_text.delta", **self._at(), delta=text)]
+        delta = self._event("response.output_text.delta", **self._at(), delta=text, logprobs=[])
+        return [*events, delta]
 
     def _open_message(self) -> list[Event]:
         self._text = ""

@@ -18,6 +18,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.responses import Response
 from starlette.testclient import TestClient
 
 from deployments.app import parse_args
@@ -88,6 +89,7 @@ def test_text_response_parses_and_is_stored(client: openai.OpenAI) -> None:
     assert r.incomplete_details and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage and r.usage.output_tokens == 5 and r.usage.input_tokens > 0
     assert r.output[0].type == "message" and r.output_text
+    Response.model_validate(r.model_dump())  # strictly the client's type, not just parsed
     got = client.responses.retrieve(r.id)
     assert got.id == r.id and got.output_text == r.output_text
 
@@ -145,6 +147,7 @@ def test_function_call_round_trip(client: openai.OpenAI) -> None:
     calls = [o for o in r.output if o.type == "function_call"]
     assert r.status == "completed" and calls and calls[0].name == "get_weather"
     assert "city" in json.loads(calls[0].arguments)
+    Response.model_validate(r.model_dump())
     with client.responses.stream(
         **kw, input="Weather in Paris?", tool_choice="required", max_output_tokens=400
     ) as stream:

@@ -19,25 +19,9 @@ import httpx
 import openai
 import pytest
 from serve_apps import openai_client, yaml_app
+from test_responses_local import POINT, WEATHER
 
 REPLICA_HEADER = "x-shortconv-replica"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "the weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 8}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
-POINT = {
-    "type": "object",
-    "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
-    "required": ["x", "y"],
-    "additionalProperties": False,
-}
 GREEDY: dict[str, Any] = {"temperature": 0.0, "max_output_tokens": 5}
 
 

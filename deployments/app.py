@@ -1,8 +1,9 @@
 """The application builder: `import_path: deployments.app:build` in deployments/*.yaml.
 
-`build(args)` validates the YAML `args:` block (AppArgs) and binds two deployments: the
+`build(args)` validates the YAML `args:` block (AppArgs) and binds three deployments: the
 OpenAIIngress (the HTTP app; parses and checks each request, keys the prompt's prefix) bound to
-LLMServer (the model replicas, reached by typed handle calls, so its router sees the key).
+LLMServer (the model replicas, reached by typed handle calls, so its router sees the key) and
+to ResponseStore (stored Responses API responses, one replica shared by every ingress replica).
 Every Serve option is decided here, once, from the args. A YAML `deployments:` entry for
 LLMServer or OpenAIIngress overrides them option by option (Serve's rule; a dict option such
 as `autoscaling_config` is replaced whole, so the replica bounds are args, not an override).
@@ -20,6 +21,7 @@ from deployments.args import AppArgs
 from deployments.cpu_plan import INGRESS_NUM_CPUS, CpuPlan, cpu_plan
 from deployments.ingress import OpenAIIngress
 from deployments.model_source import served_model_name
+from deployments.responses_store_server import ResponseStoreServer
 from deployments.router import SessionAffinityRouter
 from deployments.server import LLMServer
 
@@ -129,7 +131,8 @@ def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any
         "max_request_bytes": args.max_request_bytes,
         "api_key": args.api_key,
     }
-    return OpenAIIngress.options(**ingress_options(args)).bind(llm, cfg)
+    store = ResponseStoreServer.bind(args.responses_ttl_s, args.max_stored_responses)
+    return OpenAIIngress.options(**ingress_options(args)).bind(llm, cfg, store)
 
 
 def build(args: dict[str, Any]) -> Application:

@@ -56,6 +56,9 @@ class AppArgs(EngineArgs):
     for a batch place: a replica admits `admission_limit` = `max_num_seqs` +
     `max_waiting_requests` requests and answers the next one 503 (see deployments/app.py for
     the Serve options derived from it).
+    `responses_ttl_s` / `max_stored_responses`: how long a stored Responses API response (and
+    its conversation, for `previous_response_id`) is kept by the app's ResponseStore deployment,
+    and how many at once (the oldest go first); deployments/responses_store.py.
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/app.py, so a YAML sets a `deployments:` entry only to override one of them.
@@ -75,6 +78,8 @@ class AppArgs(EngineArgs):
     seed: int = 0
     # "all": the whole node for one replica (deployments/cpu_plan.py); torch threads follow it.
     replica_num_cpus: Annotated[float, Field(gt=0)] | Literal["all"] = 0.5
+    responses_ttl_s: float = Field(3600.0, gt=0)
+    max_stored_responses: int = Field(10_000, ge=1)
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(2, ge=1)
 

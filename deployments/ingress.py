@@ -10,6 +10,8 @@ prompt's prefix key (deployments/prefix_key.py) goes with the call, where Sessio
 sees it. Streams are framed as server-sent events here, chunk by chunk as the replica makes
 them; a client that disconnects cancels the call, so the replica aborts and frees its slot.
 /health and /openapi.json are open (probes and the request schemas carry no data).
+The Responses API (`/v1/responses`) is served here as chat calls under the conversation's
+session (deployments/responses_api.py, responses_routes.py).
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ from deployments.openai_errors import APIError
 from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
 from deployments.openai_tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.prefix_key import chat_prefix, completion_prefix
-from deployments.replica_api import Replica, Reply, RequestContext
+from deployments.replica_api import REPLICA_HEADER, Replica, Reply, RequestContext
+from deployments.responses_api import ResponsesService
+from deployments.responses_protocol import ResponsesRequest
+from deployments.responses_routes import install_responses_routes
+from deployments.responses_store import LocalStore, ResponseStore, Store
+from deployments.responses_store_server import HandleStore
 
 log = logging.getLogger(__name__)
 
-REPLICA_HEADER = "x-shortconv-replica"
 _Req = TypeVar("_Req", bound=BaseModel)
 # connect(session id or None) -> the replica methods, routed for that session
 Connect = Callable[[str | None], Replica]
@@ -56,11 +62,15 @@ class IngressConfig:
     model_name: str
     max_request_bytes: int = 1 << 20
     api_key: str | None = None  # None: $SHORTCONV_API_KEY in this process, else no auth
+    responses_ttl_s: float = 3600.0  # stored Responses (deployments/responses_store.py)
+    max_stored_responses: int = 10_000
 
 
-def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
-    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
-    /health, /v1/internal/stats, /v1/internal/reset_prefix_cache."""
+def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None = None) -> FastAPI:
+    """Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses (and GET /
+    DELETE /v1/responses/{id}), /tokenize, /detokenize, /health, /v1/internal/stats,
+    /v1/internal/reset_prefix_cache. `store` keeps stored responses (default: in this process,
+    for `responses_ttl_s`, at most `max_stored_responses`)."""
     app = FastAPI(title="shortconv-serve", docs_url=None, redoc_url=None)
     api_key = resolve_api_key(cfg.api_key)
     install_error_handlers(app, as_api_error, EXPECTED_ERRORS)
@@ -126,6 +136,16 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig) -> FastAPI:
     async def reset_prefix_cache(request: Request) -> Response:
         return respond(await replica(request).reset_prefix_cache())
 
+    store = store or LocalStore(ResponseStore(cfg.responses_ttl_s, cfg.max_stored_responses))
+    service = ResponsesService(connect, store, cfg.model_name)
+    install_responses_routes(
+        app,
+        service,
+        parse,
+        lambda r: check_auth(r, api_key),
+        respond,
+        {"openapi_extra": _body_schema(ResponsesRequest)},
+    )
     _install_openapi(app, cfg.model_name)
     return app
 
@@ -180,7 +200,13 @@ def _install_openapi(app: FastAPI, model_name: str) -> None:
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         comps = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest):
+        for model in (
+            CompletionRequest,
+            ChatCompletionRequest,
+            ResponsesRequest,
+            TokenizeRequest,
+            DetokenizeRequest,
+        ):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(schema.pop("$defs", {}))
             schema["properties"]["model"] = {"anyOf": [{"const": model_name}, {"type": "null"}]}
@@ -194,11 +220,15 @@ def _install_openapi(app: FastAPI, model_name: str) -> None:
 @serve.deployment(name="OpenAIIngress")
 @serve.ingress()
 class OpenAIIngress:
-    """The HTTP app, serving every request through LLMServer (`llm`)."""
+    """The HTTP app, serving every request through LLMServer (`llm`); stored responses live in
+    the ResponseStore deployment (`responses`) when given, else in this replica."""
 
-    def __init__(self, llm: DeploymentHandle, cfg: dict[str, Any]) -> None:
+    def __init__(
+        self, llm: DeploymentHandle, cfg: dict[str, Any], responses: DeploymentHandle | None = None
+    ) -> None:
         self.llm = llm
         self.cfg = IngressConfig(**cfg)
+        self.store = HandleStore(responses) if responses is not None else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_ingress_app(lambda sid: HandleReplica(self.llm, sid), self.cfg)
+        return build_ingress_app(lambda sid: HandleReplica(self.llm, sid), self.cfg, self.store)

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
     from deployments.openai_tokenize import DetokenizeRequest, TokenizeRequest
 
+REPLICA_HEADER = "x-shortconv-replica"  # the HTTP header naming the replica that answered
+
 
 @dataclass(frozen=True)
 class RequestContext:

@@ -69,7 +69,7 @@ def test_fuzzed_requests_never_5xx_or_hang(base_url: str, mode: GenerationMode) 
     ops = [result.ok() for result in schema.get_all_operations()]
     paths = {op.path for op in ops}
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"} <= paths
-    assert {"/tokenize", "/detokenize"} <= paths
+    assert {"/tokenize", "/detokenize", "/v1/responses"} <= paths
     body_ops = [op for op in ops if op.method.upper() == "POST"]
     assert all(op.body for op in body_ops), "the request bodies must be in the schema"
     sent: dict[str, Counter[int]] = {}
@@ -77,7 +77,7 @@ def test_fuzzed_requests_never_5xx_or_hang(base_url: str, mode: GenerationMode) 
         if mode is GenerationMode.POSITIVE or op.method.upper() == "POST":  # GETs take no input
             sent[op.label] = fuzz(op, mode, base_url)
     posts = [c for label, c in sent.items() if label.startswith("POST")]
-    assert len(posts) == 4 and all(c.total() >= 10 for c in posts), sent
+    assert len(posts) == 5 and all(c.total() >= 10 for c in posts), sent
     if mode is GenerationMode.POSITIVE:  # valid requests do reach the engine and answer
         assert all(c[200] >= 1 for c in posts), sent
     assert httpx.get(f"{base_url}/health", timeout=30).status_code == 200

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from oracle import OracleRun
+
 from shortconv.engine.images import ImageInput
 from shortconv.tiny.vision import IMAGE_PROCESSOR
 

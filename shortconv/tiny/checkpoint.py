@@ -1,7 +1,7 @@
 """Write small random checkpoints (LFM2, LFM2-MoE, LFM3, ZAYA1) that transformers can load.
 
-    python -m shortconv.tiny.checkpoint --arch {lfm2,lfm2_moe,lfm3,zaya1,lfm2_vl} --out DIR [--seed N]
-        [--set key=value ...] [--skip-bias B] [--no-tokenizer]
+    python -m shortconv.tiny.checkpoint --arch {lfm2,lfm2_moe,lfm3,zaya1,lfm2_vl} --out DIR
+        [--seed N] [--set key=value ...] [--skip-bias B] [--no-tokenizer]
 
 Writes config.json, generation_config.json, model.safetensors (fp32) and a byte-level tokenizer
 (shortconv.engine.tokenizer) with a ChatML template that carries the family's tool-calling format

@@ -16,6 +16,7 @@ from shortconv import SamplingParams
 from shortconv.configs.config import EngineConfig
 from shortconv.engine.plan import StepPlan
 from shortconv.llm import build_engine
+from shortconv.sampling.sampling_params import InvalidRequest
 from shortconv.tiny.vision import build_tokenizer, make_tiny_lfm2_vl
 
 MAX_NEW = 8
@@ -49,13 +50,12 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
     return Case(path, hf, build_tokenizer(1024))
 
 
-def run(case: Case, requests, budget: int = 512, plans: list | None = None) -> list[list[int]]:
+def run(
+    case: Case, requests, budget: int = 512, plans: list | None = None, **engine: int
+) -> list[list[int]]:
     """Our greedy tokens for (ids, batch, images) requests, all queued at once."""
-    eng = build_engine(
-        case.path,
-        dtype="float32",
-        engine_config=EngineConfig(max_num_batched_tokens=budget, enable_prefix_caching=False),
-    )
+    config = EngineConfig(max_num_batched_tokens=budget, enable_prefix_caching=False, **engine)
+    eng = build_engine(case.path, dtype="float32", engine_config=config)
     if plans is not None:
         execute = eng.executor.execute
         eng.executor.execute = lambda plan: (plans.append(plan), execute(plan))[1]
@@ -70,8 +70,10 @@ def run(case: Case, requests, budget: int = 512, plans: list | None = None) -> l
     return [done[r] for r in rids]
 
 
-def check(case: Case, requests, budget: int = 512, plans: list | None = None) -> None:
-    outs = run(case, requests, budget, plans)
+def check(
+    case: Case, requests, budget: int = 512, plans: list | None = None, **engine: int
+) -> None:
+    outs = run(case, requests, budget, plans, **engine)
     for i, ((ids, b, _), out) in enumerate(zip(requests, outs, strict=True)):
         assert_matches_oracle(out, case.oracle(ids, b), f"request {i}")
 
@@ -135,3 +137,33 @@ def test_triton_path_no_sdpa(case: Case, monkeypatch: pytest.MonkeyPatch) -> Non
     (out,) = run(case, [request], budget=9)
     assert_matches_oracle(out, ref, "triton")
     assert calls["paged_attention_extend_triton"] and calls["paged_attention_decode_triton"]
+
+
+def test_preempted_image_request_encodes_again(case: Case) -> None:
+    """Too few KV pages for both prompts: one is preempted mid-prompt and recomputed, its
+    image encoded again under a new key, and both still match the oracle."""
+    requests = [
+        case.request([("user", [SQUARE, "Describe."])]),
+        case.request([("user", [TILED, SQUARE])], seed=5),
+    ]
+    assert [len(r[0]) for r in requests] == [
+        47,
+        59,
+    ]  # 55 and 67 with the answers: 9 pages of 8 hold one
+    plans: list[StepPlan] = []
+    check(case, requests, budget=16, plans=plans, num_kv_pages=10, kv_page_size=8)
+    encoded = [e.key for p in plans for e in p.encoder_inputs]
+    assert len(encoded) > 3, "a preempted request re-encodes its images"
+    assert sorted(k for p in plans for k in p.encoder_frees) == sorted(encoded)
+
+
+def test_images_are_refused_where_they_would_be_wrong(case: Case) -> None:
+    """Prefix caching keys on token ids alone for now: an image request is refused (naming
+    the field) rather than served from another image's state."""
+    from shortconv import LLM
+
+    ids, batch, images = case.request([("user", [UNTILED, "What is this?"])])
+    llm = LLM(model=case.path, dtype="float32")  # prefix caching on
+    with pytest.raises(InvalidRequest, match="enable_prefix_caching=False") as err:
+        llm.generate(prompt_token_ids=[ids], images=[engine_images(images, batch)])
+    assert err.value.param == "images" and not llm.engine.has_unfinished()

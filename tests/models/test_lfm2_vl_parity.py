@@ -51,7 +51,7 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
 
 
 def run(
-    case: Case, requests, budget: int = 512, plans: list | None = None, **engine: int
+    case: Case, requests, budget: int = 512, plans: list | None = None, **engine: object
 ) -> list[list[int]]:
     """Our greedy tokens for (ids, batch, images) requests, all queued at once."""
     config = EngineConfig(max_num_batched_tokens=budget, enable_prefix_caching=False, **engine)
@@ -67,11 +67,14 @@ def run(
     while eng.has_unfinished():
         done |= {o.request_id: o.token_ids for o in eng.step() if o.finished}
     assert eng.executor.runner.images.entries == {}, "the encoder cache must end empty"
+    if engine.get("enable_graphs"):
+        stats = eng.graph_stats()
+        assert stats.replays and not any(stats.eager_fallbacks.values()), stats
     return [done[r] for r in rids]
 
 
 def check(
-    case: Case, requests, budget: int = 512, plans: list | None = None, **engine: int
+    case: Case, requests, budget: int = 512, plans: list | None = None, **engine: object
 ) -> None:
     outs = run(case, requests, budget, plans, **engine)
     for i, ((ids, b, _), out) in enumerate(zip(requests, outs, strict=True)):
@@ -80,6 +83,15 @@ def check(
 
 def test_one_image(case: Case) -> None:
     check(case, [case.request([("user", [UNTILED, "What is this?"])])])
+
+
+def test_graph_captured_decode(case: Case) -> None:
+    """Prompts with images run eagerly; every decode step replays a captured bucket."""
+    requests = [
+        case.request([("user", [UNTILED, "What is this?"])]),
+        case.request([("user", ["Text only."])]),
+    ]
+    check(case, requests, enable_graphs=True, graph_batch_sizes=(1, 2), graph_context_sizes=(64,))
 
 
 def test_the_image_changes_the_answer(case: Case) -> None:

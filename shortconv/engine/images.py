@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from shortconv.configs.config import ModelConfig
+from shortconv.configs.hf.lfm2_vl import vision_config
 from shortconv.sampling.sampling_params import InvalidRequest
 
 
@@ -31,8 +32,6 @@ class ImageSpec:
         """None for a text-only architecture."""
         if cfg.arch != "lfm2_vl":
             return None
-        from shortconv.configs.hf.lfm2_vl import vision_config
-
         v = vision_config(cfg.raw)
         return ImageSpec(v.image_token_id, v.downsample_factor)
 
@@ -58,7 +57,8 @@ class ImageInput:
         pixels, shapes = outputs["pixel_values"], outputs["spatial_shapes"].tolist()
         mask = outputs.get("pixel_attention_mask")
         if sum(tiles_per_image) != len(pixels):
-            raise InvalidRequest(f"{len(pixels)} tiles for {sum(tiles_per_image)}", "images")
+            msg = f"{len(pixels)} tiles in pixel_values, {sum(tiles_per_image)} in the images"
+            raise InvalidRequest(msg, "images")
         images, start = [], 0
         for n in tiles_per_image:
             grids = tuple((int(h), int(w)) for h, w in shapes[start : start + n])

@@ -11,7 +11,9 @@ from shortconv.engine.plan import StepPlan
 from shortconv.execution.step_tensors import StepTensors
 
 
-def _batch(inputs: tuple[EncoderInput, ...], device: torch.device) -> tuple[torch.Tensor, list]:
+def _batch(
+    inputs: tuple[EncoderInput, ...], device: torch.device
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """Every tile of `inputs`, cut to its real patches and padded to the longest: `[N, L, P]`."""
     tiles = [
         (t, hw)

@@ -14,6 +14,7 @@ from vision_inputs import Image, engine_images, hf_greedy, pixels, prompt
 
 from shortconv import SamplingParams
 from shortconv.configs.config import EngineConfig
+from shortconv.engine.images import ImageInput
 from shortconv.engine.plan import StepPlan
 from shortconv.llm import build_engine
 from shortconv.sampling.sampling_params import InvalidRequest
@@ -53,16 +54,13 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
 def run(
     case: Case, requests, budget: int = 512, plans: list | None = None, **engine: object
 ) -> list[list[int]]:
-    """Our greedy tokens for (ids, batch, images) requests, all queued at once."""
+    """Our greedy tokens for (ids, [ImageInput]) requests, all queued at once."""
     config = EngineConfig(max_num_batched_tokens=budget, enable_prefix_caching=False, **engine)
     eng = build_engine(case.path, dtype="float32", engine_config=config)
     if plans is not None:
         execute = eng.executor.execute
         eng.executor.execute = lambda plan: (plans.append(plan), execute(plan))[1]
-    rids = [
-        eng.add_request(ids, GREEDY, images=engine_images(imgs, b) if b else ())
-        for ids, b, imgs in requests
-    ]
+    rids = [eng.add_request(ids, GREEDY, images=imgs) for ids, imgs in requests]
     done = {}
     while eng.has_unfinished():
         done |= {o.request_id: o.token_ids for o in eng.step() if o.finished}
@@ -73,10 +71,15 @@ def run(
     return [done[r] for r in rids]
 
 
+def run_images(case: Case, ids: list[int], images: list, **engine: object) -> list[list[int]]:
+    return run(case, [(ids, images)], **engine)
+
+
 def check(
     case: Case, requests, budget: int = 512, plans: list | None = None, **engine: object
 ) -> None:
-    outs = run(case, requests, budget, plans, **engine)
+    feed = [(ids, engine_images(imgs, b) if b else []) for ids, b, imgs in requests]
+    outs = run(case, feed, budget, plans, **engine)
     for i, ((ids, b, _), out) in enumerate(zip(requests, outs, strict=True)):
         assert_matches_oracle(out, case.oracle(ids, b), f"request {i}")
 
@@ -146,7 +149,7 @@ def test_triton_path_no_sdpa(case: Case, monkeypatch: pytest.MonkeyPatch) -> Non
     ref = case.oracle(request[0], request[1])
     pytest.importorskip("triton")
     calls = force_triton_path(monkeypatch)
-    (out,) = run(case, [request], budget=9)
+    (out,) = run_images(case, request[0], engine_images(request[2], request[1]), budget=9)
     assert_matches_oracle(out, ref, "triton")
     assert calls["paged_attention_extend_triton"] and calls["paged_attention_decode_triton"]
 
@@ -179,3 +182,23 @@ def test_images_are_refused_where_they_would_be_wrong(case: Case) -> None:
     with pytest.raises(InvalidRequest, match="enable_prefix_caching=False") as err:
         llm.generate(prompt_token_ids=[ids], images=[engine_images(images, batch)])
     assert err.value.param == "images" and not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("size", [(20, 24), (64, 40)], ids=["untiled", "tiled"])
+def test_with_transformers_processor(case: Case, size: tuple[int, int]) -> None:
+    """The checkpoint's own processor (AutoProcessor on the saved files) end to end, where its
+    torchvision backend imports (not on the CPU test machine: see tests/vision_inputs.py)."""
+    pytest.importorskip("torchvision")
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(case.path)
+    image = torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=torch.Generator())
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hm?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(images=[[image]], text=[text], return_tensors="pt")
+    ids = inputs["input_ids"][0].tolist()
+    batch = {k: inputs[k] for k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
+    assert (len(batch["pixel_values"]) > 1) == (size == (64, 40))  # tiled: tiles + thumbnail
+    images = ImageInput.split(batch, [len(batch["pixel_values"])])
+    (out,) = run_images(case, ids, images)
+    assert_matches_oracle(out, case.oracle(ids, batch), f"processor {size}")

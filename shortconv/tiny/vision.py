@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from shortconv.engine import tokenizer as toks
-from shortconv.tiny.checkpoint import _TOKEN_IDS, TINY_PRESETS, rerandomize_
+from shortconv.tiny.presets import TINY_PRESETS, TOKEN_IDS
+from shortconv.tiny.rerandomize import rerandomize_
 from shortconv.tiny.templates import LFM2_TOOL_TOKENS, LFM2_VL_CHAT_TEMPLATE
 
 MAX_TILES = 4
@@ -68,7 +69,7 @@ def lfm2_vl_config(overrides: dict[str, Any] | None = None) -> Any:
         "projector_hidden_size": 48,
         "downsample_factor": IMAGE_PROCESSOR["downsample_factor"],
         "tie_word_embeddings": True,
-        **_TOKEN_IDS,
+        **TOKEN_IDS,
     }
     kwargs.update(overrides or {})
     return Lfm2VlConfig(**kwargs)
@@ -83,7 +84,7 @@ def build_hf_lfm2_vl(overrides: dict[str, Any] | None = None, seed: int = 0) -> 
         torch.manual_seed(seed)
         model = Lfm2VlForConditionalGeneration(config)
     rerandomize_(model, seed)
-    model.generation_config = GenerationConfig(**_TOKEN_IDS)
+    model.generation_config = GenerationConfig(**TOKEN_IDS)
     return model.eval()
 
 

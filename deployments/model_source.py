@@ -26,10 +26,10 @@ def tiny_checkpoint(arch: str, seed: int, root: Path | None = None) -> Path:
     included), so a changed generator never reuses a stale cache.
     """
     from shortconv.engine import tokenizer
-    from shortconv.tiny import checkpoint, templates
+    from shortconv.tiny import checkpoint, presets, rerandomize, templates, vision
 
     root = root or cache_root()
-    sources = (checkpoint, templates, tokenizer)
+    sources = (checkpoint, presets, rerandomize, templates, vision, tokenizer)
     digest = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in sources))
     digest = digest.hexdigest()[:10]
     final = root / f"tiny-{arch}-{seed}-{digest}"

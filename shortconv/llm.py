@@ -14,6 +14,7 @@ import torch
 
 from shortconv.configs.config import EngineConfig
 from shortconv.engine.executor import BaseExecutor
+from shortconv.engine.images import ImageInput
 from shortconv.engine.llm_engine import LLMEngine
 from shortconv.engine.outputs import RequestOutput
 from shortconv.execution.worker_spec import WorkerSpec, plan_worker_spec
@@ -78,8 +79,10 @@ class LLM:
         prompts: str | Sequence[str] | None = None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        images: Sequence[Sequence[ImageInput]] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; returns outputs in input order.
+        """Generate for every prompt; returns outputs in input order. `images[i]` are prompt
+        i's images (a vision model's), filling its image placeholder tokens in order.
 
         Every request is validated before any is queued, so one bad prompt changes nothing.
         """
@@ -91,9 +94,16 @@ class LLM:
         else:
             token_lists = [list(p) for p in prompt_token_ids]  # type: ignore[union-attr]
         params = _broadcast(sampling_params, len(token_lists))
-        for toks, p in zip(token_lists, params, strict=True):
+        per_prompt = [list(i) for i in images] if images is not None else [[]] * len(token_lists)
+        if len(per_prompt) != len(token_lists):
+            raise ValueError(f"got images for {len(per_prompt)} prompts, not {len(token_lists)}")
+        for toks, p, imgs in zip(token_lists, params, per_prompt, strict=True):
             self.engine.validate(toks, p)
-        ids = [self.engine.add_request(t, p) for t, p in zip(token_lists, params, strict=True)]
+            self.engine.place_images(toks, imgs, None)
+        ids = [
+            self.engine.add_request(t, p, images=i)
+            for t, p, i in zip(token_lists, params, per_prompt, strict=True)
+        ]
         done: dict[str, RequestOutput] = {}
         try:
             while len(done) < len(ids):

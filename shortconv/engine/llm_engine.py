@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.sessions import SessionPins
 from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
+from shortconv.engine.images import ImageInput, ImageSpec, PlacedImage, place_images
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
@@ -59,6 +61,7 @@ class LLMEngine:
             window_groups(self.model_cfg, self.capacity.window_pages),
         )
         hf = self.tokenizer.hf if self.tokenizer is not None else None
+        self.image_spec = ImageSpec.of(self.model_cfg)  # None: a text-only model
         self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
         self._outputs: dict[str, RequestOutput] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -101,21 +104,41 @@ class LLMEngine:
         if params.grammar is not None:
             self.grammars.check(params.grammar)  # GrammarError (a ValueError) naming the field
 
+    def place_images(
+        self, prompt_token_ids: list[int], images: Sequence[ImageInput], session_id: str | None
+    ) -> tuple[PlacedImage, ...]:
+        """Each image's placeholders in the prompt, or InvalidRequest naming what is wrong."""
+        if not images:
+            return ()
+        if self.image_spec is None:
+            raise InvalidRequest(f"{self.model_cfg.arch} is a text-only model", "images")
+        # NOTE: checkpoints are keyed by token ids alone: a different image behind the same
+        # placeholders would hit. Until image hashes key them, images skip kept state.
+        if self.engine_cfg.enable_prefix_caching or session_id is not None:
+            raise InvalidRequest(
+                "images need enable_prefix_caching=False and no session for now", "images"
+            )
+        return place_images(prompt_token_ids, images, self.image_spec)
+
     def add_request(
         self,
         prompt_token_ids: list[int],
         params: SamplingParams,
         request_id: str | None = None,
         session_id: str | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> str:
         """Queue a request. With `session_id`, state is kept after it finishes and the
-        session's next turn resumes from it when its prompt extends this one's tokens."""
+        session's next turn resumes from it when its prompt extends this one's tokens.
+        `images` fill the prompt's image placeholders in order (engine.images)."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
+        placed = self.place_images(prompt_token_ids, images, session_id)
         n = next(self._ids)
         rid = request_id if request_id is not None else f"req-{n}"
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)
-        self.scheduler.add(Request(rid, prompt_token_ids, params, seed, session_id=session_id))
+        req = Request(rid, prompt_token_ids, params, seed, session_id=session_id, images=placed)
+        self.scheduler.add(req)
         self._outputs[rid] = RequestOutput(
             rid,
             prompt_token_ids,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shortconv.engine.images import EncoderInput, ImageSlice
 from shortconv.sampling.sampler import SamplingRow
 
 
@@ -23,6 +24,8 @@ class SeqChunk:
     # The sliding-window KV groups' tables (`cache.kv_groups` 1..), as long as `block_table`;
     # a page wholly before the window is scratch page 0.
     window_tables: tuple[tuple[int, ...], ...] = ()
+    # Image embedding rows that replace this chunk's placeholder tokens' embeddings.
+    images: tuple[ImageSlice, ...] = ()
 
     @property
     def tables(self) -> tuple[tuple[int, ...], ...]:
@@ -55,6 +58,14 @@ class StepPlan:
     copies_after: tuple[tuple[int, int], ...] = ()
     copies_before: tuple[tuple[int, int], ...] = ()
     page_copies: tuple[tuple[int, int, int], ...] = ()
+    # Images to encode before the forward, and encoder-cache entries to free after it.
+    encoder_inputs: tuple[EncoderInput, ...] = ()
+    encoder_frees: tuple[int, ...] = ()
+
+    @property
+    def has_images(self) -> bool:
+        """Some chunk's input is not token ids only (graphs never capture this)."""
+        return bool(self.encoder_inputs) or any(s.images for s in self.seqs)
 
     def page_copies_by_group(self) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
         """`page_copies` as (group, its (src, dst) pairs), one entry per group that has any."""

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from shortconv.cache.prefix_cache import CacheEntry
+from shortconv.engine.images import PlacedImage
 from shortconv.engine.outputs import FinishReason
 from shortconv.sampling.sampling_params import SamplingParams
 
@@ -41,6 +42,10 @@ class Request:
     # manager's tree once it has run; and the end-of-prompt entry a session pins.
     pending_ckpts: list[tuple[int, int]] = field(default_factory=list)
     prompt_entry: CacheEntry | None = None
+    # Multimodal input: the prompt's images, and the encoder-cache key of each image index the
+    # runner holds (engine.encoder_planner).
+    images: tuple[PlacedImage, ...] = ()
+    encoder_keys: dict[int, int] = field(default_factory=dict)
 
     @property
     def all_token_ids(self) -> list[int]:

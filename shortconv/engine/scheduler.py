@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.manager import CacheManager, StepCopies
 from shortconv.cache.window_pages import WindowGroup
+from shortconv.engine.encoder_planner import EncoderPlanner
 from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
@@ -50,6 +51,7 @@ class Scheduler:
             session_ttl_s=cfg.session_ttl_s,
             windows=windows,
         )
+        self.encoder = EncoderPlanner()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -74,6 +76,7 @@ class Scheduler:
         elif req.status is Status.WAITING:
             self.waiting.remove(req)
         self.cache_manager.finish(req, completed=reason in (FinishReason.STOP, FinishReason.LENGTH))
+        self.encoder.release(req)
         req.status, req.finish_reason = Status.FINISHED, reason
         self.requests.pop(req.request_id, None)
 
@@ -101,12 +104,15 @@ class Scheduler:
             return None
         self._step_id += 1
         order = [r.request_id for r in self.running if r.request_id in chunks]
+        encoder_inputs, encoder_frees = self.encoder.take()
         return StepPlan(
             self._step_id,
             tuple(chunks[rid] for rid in order),
             copies_after=copies.planned(copies.after, chunks),
             copies_before=copies.planned(copies.before, chunks),
             page_copies=copies.planned_pages(chunks),
+            encoder_inputs=encoder_inputs,
+            encoder_frees=encoder_frees,
         )
 
     def _grow(
@@ -159,12 +165,14 @@ class Scheduler:
             sampling=sampling,
             checkpoints=self.cache_manager.plan_checkpoints(req, start, n, copies),
             window_tables=tuple(tuple(t) for t in req.window_pages),
+            images=self.encoder.chunk_images(req, start, n) if req.images else (),
         )
 
     def _preempt(self, req: Request) -> None:
         """Free everything and recompute later from prompt + generated tokens."""
         self.running.remove(req)
         self.cache_manager.forget(req)
+        self.encoder.release(req)
         req.num_preemptions += 1
         req.status = Status.WAITING
         self.waiting.appendleft(req)

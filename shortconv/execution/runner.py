@@ -10,10 +10,13 @@ import torch
 from shortconv.cache.kv_groups import kv_specs
 from shortconv.cache.state_pool import StatePool
 from shortconv.configs.support import check_support
+from shortconv.engine.images import ImageSpec
 from shortconv.engine.plan import StepPlan, StepResult
 from shortconv.execution.backend import ShortConvBackend
+from shortconv.execution.encoder_cache import EncoderCache
 from shortconv.execution.graph_runner import GraphRunner
 from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.step_tensors import StepTensors
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.layers.linear import prepack_linears
 from shortconv.models.build import build_model
@@ -61,6 +64,10 @@ class ModelRunner:
         self.pool = StatePool(specs, kv, spec.capacity.num_slots, dtype, device)
         self.backend = ShortConvBackend(self.pool, device, cls.extra_state_name)
         self.sampler = Sampler()
+        image_spec = ImageSpec.of(model_cfg)
+        self.images = (
+            EncoderCache(model, image_spec.downsample_factor, device) if image_spec else None
+        )
         self.startup_s["state_pool"] = time.perf_counter() - t0
         self.graphs: GraphRunner | None = None
         if engine_cfg.graphs_enabled(device):
@@ -80,18 +87,20 @@ class ModelRunner:
             self._copy(plan.copies_before)
         for group, pairs in plan.page_copies_by_group():
             self.pool.copy_pages(self._ids(pairs, 0), self._ids(pairs, 1), group)
-        if self.graphs is not None and plan.seqs and plan.is_decode:
+        if self.graphs is not None and plan.seqs and plan.is_decode and not plan.has_images:
             decoded = self.graphs.run(plan)
             hidden_rows, used_graph = decoded.hidden, decoded.used_graph
         else:
             step = self.backend.begin_step(plan)
-            hidden = self.model(step.input_ids, self.backend)
+            hidden = self._forward(plan, step)
             # A decode step samples every row: skip the identity gather.
             every = step.is_decode and step.logits_indices.numel() == step.num_tokens
             hidden_rows = hidden if every else hidden[step.logits_indices]
             used_graph = False
         if plan.copies_after:
             self._copy(plan.copies_after)
+        if self.images is not None:
+            self.images.free(plan.encoder_frees)
         rows = [s.sampling for s in plan.seqs if s.sampling is not None]
         ids = tuple(s.request_id for s in plan.seqs if s.sampling is not None)
         if not rows:
@@ -103,6 +112,16 @@ class ModelRunner:
         out = self.sampler(logits, rows)
         tokens, logprobs, tops = tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
         return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph=used_graph)
+
+    def _forward(self, plan: StepPlan, step: StepTensors) -> torch.Tensor:
+        """NOTE: the one place a step's input stops being token ids only: a plan with images
+        encodes its new ones and replaces their placeholders' embeddings before layer 0."""
+        if not plan.has_images:
+            return self.model(step.input_ids, self.backend)
+        if self.images is None:
+            raise ValueError(f"{self.cfg.arch} takes no images")
+        embeds = self.images.step_embeddings(plan, step)
+        return self.model(step.input_ids, self.backend, inputs_embeds=embeds)
 
     def _copy(self, pairs: tuple[tuple[int, int], ...]) -> None:
         self.pool.copy_slots(self._ids(pairs, 0), self._ids(pairs, 1))

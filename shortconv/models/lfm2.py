@@ -74,8 +74,14 @@ class Lfm2ForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        backend: BaseStateBackend,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`inputs_embeds` (a multimodal model's, images placed) replaces the token lookup."""
+        h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         for layer in self.layers:
             h = layer(h, backend)
         return self.embedding_norm(h)

@@ -10,6 +10,10 @@ def model_class(arch: str) -> type:
         from shortconv.models.lfm2 import Lfm2ForCausalLM
 
         return Lfm2ForCausalLM
+    if arch == "lfm2_vl":
+        from shortconv.models.lfm2_vl import Lfm2VlForConditionalGeneration
+
+        return Lfm2VlForConditionalGeneration
     if arch == "lfm3":
         from shortconv.models.lfm3 import Lfm3ForCausalLM
 

@@ -106,6 +106,21 @@ ZAYA_CHAT_TEMPLATE = (
     "{%- endfor -%}" + _TAIL
 )
 
+# LFM2-VL: ChatML whose content is a string or a list of parts; an image part is the
+# processor's `<image>` marker, which it expands into the image's placeholder tokens.
+LFM2_VL_CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '<image>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}" + _TAIL
+)
+
 # arch -> (chat template, its special tool tokens)
 TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "lfm2": (LFM2_CHAT_TEMPLATE, LFM2_TOOL_TOKENS),

@@ -15,6 +15,7 @@ from typing import Any
 
 from shortconv.configs.hf.arch import resolve_arch
 from shortconv.configs.hf.lfm2 import lfm2_fields
+from shortconv.configs.hf.lfm2_vl import lfm2_vl_fields
 from shortconv.configs.hf.lfm3 import lfm3_fields
 from shortconv.configs.hf.zaya1 import zaya1_fields
 from shortconv.errors import ConfigError
@@ -28,6 +29,8 @@ def model_fields(raw: dict[str, Any]) -> dict[str, Any]:
     try:
         if arch in ("lfm2", "lfm2_moe"):
             return lfm2_fields(raw, arch)
+        if arch == "lfm2_vl":
+            return lfm2_vl_fields(raw, arch)
         if arch == "lfm3":
             return lfm3_fields(raw, arch)
         return zaya1_fields(raw, arch)

@@ -7,12 +7,19 @@ from typing import Any
 from shortconv.errors import ConfigError
 
 # Architectures we serve, keyed by the `architectures[0]` / `model_type` of config.json.
-ARCH_BY_MODEL_TYPE = {"lfm2": "lfm2", "lfm2_moe": "lfm2_moe", "zaya": "zaya1", "lfm3": "lfm3"}
+ARCH_BY_MODEL_TYPE = {
+    "lfm2": "lfm2",
+    "lfm2_moe": "lfm2_moe",
+    "zaya": "zaya1",
+    "lfm3": "lfm3",
+    "lfm2_vl": "lfm2_vl",
+}
 ARCH_BY_CLASS = {
     "Lfm2ForCausalLM": "lfm2",
     "Lfm2MoeForCausalLM": "lfm2_moe",
     "ZayaForCausalLM": "zaya1",
     "Lfm3ForCausalLM": "lfm3",
+    "Lfm2VlForConditionalGeneration": "lfm2_vl",
 }
 
 

@@ -1,0 +1,60 @@
+"""The scheduler's side of the encoder cache: which images a step encodes, which embedding rows
+each chunk takes, and which cache entries the runner frees after the step.
+
+An image is encoded by the first chunk that reaches one of its tokens and kept (in the runner,
+under a key unique to this engine) until the chunk that reaches its last token has run, so
+chunked prefill may split one image's tokens across steps without encoding it twice. A request
+that is preempted, aborted or finished lets its entries go; recomputing it encodes again.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from shortconv.engine.images import EncoderInput, ImageSlice, PlacedImage
+from shortconv.engine.request import Request
+
+
+def _slices(image: PlacedImage, key: int, start: int, end: int) -> list[ImageSlice]:
+    """The rows of `image` that positions [start, end) take."""
+    out, src = [], 0
+    for pos, n in image.spans:
+        lo, hi = max(pos, start), min(pos + n, end)
+        if lo < hi:
+            out.append(ImageSlice(key, src + lo - pos, lo - start, hi - lo))
+        src += n
+    return out
+
+
+class EncoderPlanner:
+    def __init__(self) -> None:
+        self._keys = itertools.count(1)
+        self._inputs: list[EncoderInput] = []
+        self._frees: list[int] = []
+
+    def chunk_images(self, req: Request, start: int, n: int) -> tuple[ImageSlice, ...]:
+        """Plan the images of `req`'s chunk [start, start + n): encode the new ones, free those
+        whose last token is in it."""
+        end, slices = start + n, []
+        for i, image in enumerate(req.images):
+            if image.end <= start or image.start >= end:
+                continue
+            key = req.encoder_keys.get(i)
+            if key is None:
+                key = req.encoder_keys[i] = next(self._keys)
+                self._inputs.append(EncoderInput(key, image.image))
+            slices += _slices(image, key, start, end)
+            if image.end <= end:
+                self._frees.append(req.encoder_keys.pop(i))
+        return tuple(slices)
+
+    def release(self, req: Request) -> None:
+        """`req` no longer needs its kept images (finished, aborted or preempted)."""
+        self._frees += req.encoder_keys.values()
+        req.encoder_keys.clear()
+
+    def take(self) -> tuple[tuple[EncoderInput, ...], tuple[int, ...]]:
+        """This step's images to encode and the entries to free after it."""
+        inputs, frees = tuple(self._inputs), tuple(self._frees)
+        self._inputs, self._frees = [], []
+        return inputs, frees

@@ -1,0 +1,140 @@
+"""Images in a request: what the processor gives per image, where its tokens sit in the prompt,
+and what a step plan carries to encode them and to place their embeddings.
+
+A request's prompt holds the image placeholder tokens already expanded (as transformers'
+processor expands them); each image brings its tiles (the rows of the processor's
+`pixel_values`) and their patch grids (`spatial_shapes`). An image fills, in order, the next
+`num_tokens` placeholders of the prompt. The token budget counts an image's placeholders as
+prompt tokens (they are), so a step's encoder work grows with its prompt tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from shortconv.configs.config import ModelConfig
+from shortconv.configs.hf.lfm2_vl import vision_config
+from shortconv.sampling.sampling_params import InvalidRequest
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What the engine needs of a vision model: the placeholder id and the downsampling."""
+
+    image_token_id: int
+    downsample_factor: int
+
+    @staticmethod
+    def of(cfg: ModelConfig) -> ImageSpec | None:
+        """None for a text-only architecture."""
+        if cfg.arch != "lfm2_vl":
+            return None
+        v = vision_config(cfg.raw)
+        return ImageSpec(v.image_token_id, v.downsample_factor)
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image as transformers' image processor returns it: `pixel_values` `[tiles,
+    max_patches, channels * p * p]` and each tile's patch grid `(h, w)`; a tile's first h * w
+    rows are its patches (the rest is padding, as `pixel_attention_mask` marks)."""
+
+    pixel_values: torch.Tensor
+    spatial_shapes: tuple[tuple[int, int], ...]
+
+    def num_tokens(self, factor: int) -> int:
+        return sum((h // factor) * (w // factor) for h, w in self.spatial_shapes)
+
+    @staticmethod
+    def split(
+        outputs: Mapping[str, torch.Tensor], tiles_per_image: Sequence[int]
+    ) -> list[ImageInput]:
+        """The processor's batched outputs (`pixel_values`, `spatial_shapes`, and
+        `pixel_attention_mask`, checked against them) → one ImageInput per image."""
+        pixels, shapes = outputs["pixel_values"], outputs["spatial_shapes"].tolist()
+        mask = outputs.get("pixel_attention_mask")
+        if sum(tiles_per_image) != len(pixels):
+            msg = f"{len(pixels)} tiles in pixel_values, {sum(tiles_per_image)} in the images"
+            raise InvalidRequest(msg, "images")
+        images, start = [], 0
+        for n in tiles_per_image:
+            grids = tuple((int(h), int(w)) for h, w in shapes[start : start + n])
+            if mask is not None:
+                real = mask[start : start + n].sum(-1).tolist()
+                if real != [h * w for h, w in grids]:
+                    raise InvalidRequest(
+                        "pixel_attention_mask disagrees with spatial_shapes", "images"
+                    )
+            images.append(ImageInput(pixels[start : start + n], grids))
+            start += n
+        return images
+
+
+@dataclass(frozen=True)
+class PlacedImage:
+    """An image and the prompt runs `(position, length)` its tokens replace, in order."""
+
+    image: ImageInput
+    spans: tuple[tuple[int, int], ...]
+
+    @property
+    def start(self) -> int:
+        return self.spans[0][0]
+
+    @property
+    def end(self) -> int:
+        pos, n = self.spans[-1]
+        return pos + n
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
+
+
+def place_images(
+    prompt: Sequence[int], images: Sequence[ImageInput], spec: ImageSpec
+) -> tuple[PlacedImage, ...]:
+    """Assign each image its placeholders, or refuse a prompt whose count does not match."""
+    slots = [i for i, t in enumerate(prompt) if t == spec.image_token_id]
+    f = spec.downsample_factor
+    for image in images:
+        if any(h % f or w % f for h, w in image.spatial_shapes):
+            raise InvalidRequest(f"an image's patch grid is not a multiple of {f}", "images")
+    need = [image.num_tokens(f) for image in images]
+    if sum(need) != len(slots):
+        raise InvalidRequest(
+            f"the prompt has {len(slots)} image tokens but its images need {sum(need)}", "images"
+        )
+    placed, used = [], 0
+    for image, n in zip(images, need, strict=True):
+        placed.append(PlacedImage(image, tuple(_runs(slots[used : used + n]))))
+        used += n
+    return tuple(placed)
+
+
+@dataclass(frozen=True)
+class ImageSlice:
+    """Rows [src, src + length) of encoder-cache entry `key` replace the embeddings of this
+    chunk's tokens [dst, dst + length)."""
+
+    key: int
+    src: int
+    dst: int
+    length: int
+
+
+@dataclass(frozen=True)
+class EncoderInput:
+    """An image a step encodes, kept in the runner's encoder cache under `key`."""
+
+    key: int
+    image: ImageInput

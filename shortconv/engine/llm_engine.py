@@ -12,7 +12,7 @@ from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.outputs import FinishReason, RequestOutput
-from shortconv.engine.request import Request
+from shortconv.engine.request import Request, fork_id
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
 from shortconv.engine.stats import EngineStats, GraphStats
 from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -79,6 +79,9 @@ class LLMEngine:
         return self.tokenizer.encode(prompt)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if params.n > self.engine_cfg.max_n:
+            msg = f"n={params.n} is above this server's maximum of {self.engine_cfg.max_n}"
+            raise InvalidRequest(msg, "n")
         if not prompt_token_ids:
             raise InvalidRequest("prompt is empty: at least one token is required", "prompt")
         vocab = self.model_cfg.vocab_size
@@ -116,27 +119,34 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{n}"
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)
         self.scheduler.add(Request(rid, prompt_token_ids, params, seed, session_id=session_id))
-        self._outputs[rid] = RequestOutput(
-            rid,
-            prompt_token_ids,
-            logprobs=[] if params.logprobs is not None else None,
-            top_logprobs=[] if params.logprobs else None,
-        )
-        if self.tokenizer is not None:
-            self._detok[rid] = IncrementalDetokenizer(
-                self.tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens
+        for key, index in _seq_ids(rid, params.n):
+            self._outputs[key] = RequestOutput(
+                rid,
+                prompt_token_ids,
+                logprobs=[] if params.logprobs is not None else None,
+                top_logprobs=[] if params.logprobs else None,
+                index=index,
             )
+            if self.tokenizer is not None:
+                self._detok[key] = IncrementalDetokenizer(
+                    self.tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens
+                )
         if self.metrics is not None:
             self.metrics.request_added(rid)
         return rid
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Abort a request, every fork of it too; returns its (first fork's) output."""
         req = self.scheduler.abort(request_id)
-        out = self._outputs.pop(request_id, None)
-        self._detok.pop(request_id, None)
-        if out is not None and req is not None:
-            out.finish_reason = req.finish_reason or FinishReason.ABORT
-            self._count_finished(out.finish_reason)
+        n = req.params.n if req is not None else 1
+        outs = [self._outputs.pop(key, None) for key, _ in _seq_ids(request_id, n)]
+        for key, _ in _seq_ids(request_id, n):
+            self._detok.pop(key, None)
+        out = outs[0]
+        for o in outs:
+            if o is not None and req is not None:
+                o.finish_reason = o.finish_reason or FinishReason.ABORT
+                self._count_finished(o.finish_reason)
         if self.metrics is not None:  # refreshed now: an idle engine may run no further step
             self.metrics.request_dropped(request_id)
         self.refresh_metrics()
@@ -178,7 +188,9 @@ class LLMEngine:
         if not req.finished:
             self.scheduler.finish(req, FinishReason.ERROR)
         out = self._outputs.pop(req.request_id, None)
-        out = out or RequestOutput(req.request_id, list(req.prompt_token_ids))
+        if out is None:
+            rid = req.parent.request_id if req.parent is not None else req.request_id
+            out = RequestOutput(rid, list(req.prompt_token_ids), index=req.index)
         self._detok.pop(req.request_id, None)
         self.grammars.release(req.request_id)
         out.finish_reason, out.error = FinishReason.ERROR, message
@@ -187,7 +199,7 @@ class LLMEngine:
 
     def _emit(self, req: Request) -> RequestOutput:
         out = self._outputs[req.request_id]
-        if not out.token_ids:  # first token: the prompt is done
+        if not out.token_ids and out.index == 0:  # first token: the prompt is done (once)
             self._counts["prompt"] += len(req.prompt_token_ids)
             self._counts["cached"] += req.num_cached_tokens
         self._counts["generation"] += 1
@@ -221,11 +233,12 @@ class LLMEngine:
 
     def _fail_all(self, message: str) -> list[RequestOutput]:
         failed = []
-        for rid in list(self.scheduler.requests):
-            req = self.scheduler.requests[rid]
-            self.scheduler.finish(req, FinishReason.ERROR)
-            out = self._outputs.pop(rid)
-            self._detok.pop(rid, None)
+        for req in list(self.scheduler.requests.values()):
+            if not req.finished:  # a parent's forks left with it
+                self.scheduler.finish(req, FinishReason.ERROR)
+        for key in list(self._outputs):
+            out = self._outputs.pop(key)
+            self._detok.pop(key, None)
             out.finish_reason, out.error = FinishReason.ERROR, message
             self._count_finished(FinishReason.ERROR)
             failed.append(out)
@@ -300,6 +313,13 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _seq_ids(request_id: str, n: int) -> list[tuple[str, int]]:
+    """(scheduler id, choice index) of each sequence a request samples: itself, or its forks."""
+    if n == 1:
+        return [(request_id, 0)]
+    return [(fork_id(request_id, i), i) for i in range(n)]
 
 
 def _bytes_per_slot(spec: WorkerSpec) -> int:

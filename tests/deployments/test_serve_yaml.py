@@ -107,7 +107,7 @@ def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> No
         assert startup["torch_threads"] == threads_for(plan.replica)
     for rank in startup["ranks"]:
         assert rank["who"].endswith(f"({threads_for(plan.per_worker)} threads)")
-    bad = httpx.post(f"{served}/v1/chat/completions", json={"model": model, "messages": [], "n": 2})
+    bad = httpx.post(f"{served}/v1/chat/completions", json={"model": model, "messages": [], "n": 0})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     # A second turn of a session resumes from the first one's kept state.
     session = {"x-session-id": "yaml-session"}

@@ -129,7 +129,10 @@ def test_forks_wait_for_slots_and_pages(model: Model) -> None:
     assert [f.token_ids for f in forks] == [single.token_ids] * 5
     assert_idle(eng)
     tight = model.engine(max_num_seqs=4, num_kv_pages=13, enable_prefix_caching=False)
+    preempt, preempted = tight.scheduler._preempt, []
+    tight.scheduler._preempt = lambda req: (preempted.append(req), preempt(req))  # type: ignore[method-assign]
     forks = run(tight, PROMPT, greedy(4, max_tokens=12))
+    assert preempted and all(r.parent is not None for r in preempted)
     (single,) = run(tight, PROMPT, greedy(1, max_tokens=12))
     assert [f.token_ids for f in forks] == [single.token_ids] * 4
     assert_idle(tight)

@@ -42,3 +42,10 @@ def ready_to_fork(req: Request) -> bool:
 def copied_by_all(parent: Request) -> bool:
     """No fork of `parent` still waits to copy its state (admitted, finished or aborted)."""
     return all(f.source is None for f in parent.forks)
+
+
+def seq_ids(request_id: str, n: int) -> list[tuple[str, int]]:
+    """(scheduler id, choice index) of each sequence a request samples: itself, or its forks."""
+    if n == 1:
+        return [(request_id, 0)]
+    return [(fork_id(request_id, i), i) for i in range(n)]

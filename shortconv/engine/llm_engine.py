@@ -11,8 +11,9 @@ from shortconv.cache.sessions import SessionPins
 from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
+from shortconv.engine.forks import seq_ids
 from shortconv.engine.outputs import FinishReason, RequestOutput
-from shortconv.engine.request import Request, fork_id
+from shortconv.engine.request import Request
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
 from shortconv.engine.stats import EngineStats, GraphStats
 from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -119,7 +120,7 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{n}"
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)
         self.scheduler.add(Request(rid, prompt_token_ids, params, seed, session_id=session_id))
-        for key, index in _seq_ids(rid, params.n):
+        for key, index in seq_ids(rid, params.n):
             self._outputs[key] = RequestOutput(
                 rid,
                 prompt_token_ids,
@@ -138,9 +139,9 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a request, every fork of it too; returns its (first fork's) output."""
         req = self.scheduler.abort(request_id)
-        n = req.params.n if req is not None else 1
-        outs = [self._outputs.pop(key, None) for key, _ in _seq_ids(request_id, n)]
-        for key, _ in _seq_ids(request_id, n):
+        n = req.params.n if req is not None and req.parent is None else 1  # a fork: itself
+        outs = [self._outputs.pop(key, None) for key, _ in seq_ids(request_id, n)]
+        for key, _ in seq_ids(request_id, n):
             self._detok.pop(key, None)
         out = outs[0]
         for o in outs:
@@ -313,13 +314,6 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
-
-
-def _seq_ids(request_id: str, n: int) -> list[tuple[str, int]]:
-    """(scheduler id, choice index) of each sequence a request samples: itself, or its forks."""
-    if n == 1:
-        return [(request_id, 0)]
-    return [(fork_id(request_id, i), i) for i in range(n)]
 
 
 def _bytes_per_slot(spec: WorkerSpec) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -20,27 +21,20 @@ MESSAGES = [{"role": "user", "content": "Name three colours."}]
 GREEDY = {"temperature": 0.0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
 
 
+@dataclass(frozen=True)
+class Service:
+    client: openai.OpenAI
+    http: httpx.Client
+    model: str
+
+
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     args = {"max_replicas": 1, "max_n": MAX_N, "max_num_seqs": SEATS}
     with yaml_app("lfm2", tmp_path_factory, **args) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(base: str) -> openai.OpenAI:
-    return openai_client(base)
-
-
-@pytest.fixture(scope="module")
-def http(base: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=base, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
+        with httpx.Client(base_url=url, timeout=120) as http:
+            client = openai_client(url)
+            yield Service(client, http, client.models.list().data[0].id)
 
 
 def held(http: httpx.Client) -> tuple[int, int, int]:
@@ -59,7 +53,8 @@ def wait_idle(http: httpx.Client, timeout_s: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def test_n3_chat_whole_and_streamed(client: openai.OpenAI, model: str) -> None:
+def test_n3_chat_whole_and_streamed(svc: Service) -> None:
+    client, model = svc.client, svc.model
     one = client.chat.completions.create(model=model, messages=MESSAGES, **GREEDY)
     three = client.chat.completions.create(model=model, messages=MESSAGES, n=3, **GREEDY)
     assert [c.index for c in three.choices] == [0, 1, 2]
@@ -87,7 +82,8 @@ def test_n3_chat_whole_and_streamed(client: openai.OpenAI, model: str) -> None:
     assert usage.prompt_tokens == one.usage.prompt_tokens
 
 
-def test_completions_prompts_times_n_with_logprobs(client: openai.OpenAI, model: str) -> None:
+def test_completions_prompts_times_n_with_logprobs(svc: Service) -> None:
+    client, model = svc.client, svc.model
     prompts = ["The sky is", "Once upon a time"]
     kw: dict[str, Any] = {**GREEDY, "logprobs": 2}
     alone = [client.completions.create(model=model, prompt=p, **kw) for p in prompts]
@@ -102,7 +98,8 @@ def test_completions_prompts_times_n_with_logprobs(client: openai.OpenAI, model:
     assert batch.usage.completion_tokens == 4 * 8
 
 
-def test_seeded_choices_differ_and_reproduce(client: openai.OpenAI, model: str) -> None:
+def test_seeded_choices_differ_and_reproduce(svc: Service) -> None:
+    client, model = svc.client, svc.model
     kw: dict[str, Any] = {"temperature": 1.0, "seed": 7, "max_tokens": 8, "n": 4}
     kw["extra_body"] = {"ignore_eos": True}
     first = client.completions.create(model=model, prompt="Hello", **kw)
@@ -112,14 +109,16 @@ def test_seeded_choices_differ_and_reproduce(client: openai.OpenAI, model: str) 
     assert len(set(texts)) == 4
 
 
-def test_forks_wait_for_seats(client: openai.OpenAI, http: httpx.Client, model: str) -> None:
+def test_forks_wait_for_seats(svc: Service) -> None:
+    client, http, model = svc.client, svc.http, svc.model
     one = client.completions.create(model=model, prompt="Hi", **GREEDY)
     many = client.completions.create(model=model, prompt="Hi", n=MAX_N, **GREEDY)  # > SEATS
     assert [c.text for c in many.choices] == [one.choices[0].text] * MAX_N
     wait_idle(http)
 
 
-def test_n_above_the_maximum_is_a_400_naming_n(client: openai.OpenAI, model: str) -> None:
+def test_n_above_the_maximum_is_a_400_naming_n(svc: Service) -> None:
+    client, model = svc.client, svc.model
     for call in (
         lambda: client.completions.create(model=model, prompt="Hi", n=MAX_N + 1),
         lambda: client.chat.completions.create(model=model, messages=MESSAGES, n=MAX_N + 1),
@@ -129,7 +128,8 @@ def test_n_above_the_maximum_is_a_400_naming_n(client: openai.OpenAI, model: str
         assert exc.value.body["param"] == "n"  # type: ignore[index]
 
 
-def test_a_disconnect_mid_stream_frees_every_fork(http: httpx.Client, model: str) -> None:
+def test_a_disconnect_mid_stream_frees_every_fork(svc: Service) -> None:
+    http, model = svc.http, svc.model
     wait_idle(http)
     before = http.get("/v1/internal/stats").json()
     body = {"model": model, "prompt": "Tell me a long story", "n": 5, "stream": True}

@@ -1,8 +1,9 @@
 """`SamplingParams.n` > 1: n forks from one prefill (engine/forks.py, CacheManager.fork).
 
-Tiny random LFM2 (short conv + full attention) and LFM3 (sliding windows of a few 4-token
-pages, so a fork shares full pages, copies a partly filled one and drops pages behind the
-window) checkpoints; greedy forks are checked against the transformers oracle too.
+Tiny random LFM2 (short conv + full attention), ZAYA1 (CCA conv and previous-token state) and LFM3
+(sliding windows of a few 4-token pages, so a fork shares full pages, copies a partly filled one
+and drops pages behind the window) checkpoints; greedy forks are checked against the transformers
+oracle too.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class Model:
         return build_engine(self.path, dtype="float32", engine_config=cfg)
 
 
-@pytest.fixture(scope="module", params=["lfm2", "lfm3"])
+@pytest.fixture(scope="module", params=["lfm2", "lfm3", "zaya1"])
 def model(request, tmp_path_factory) -> Model:
-    if (why := transformers_lacks(request.param)) is not None:
+    if request.param == "lfm3" and (why := transformers_lacks("lfm3")) is not None:
         pytest.skip(why)
     return Model(request.param, tmp_path_factory.mktemp(request.param))
 

@@ -129,9 +129,11 @@ def test_n_above_the_maximum_is_a_400_naming_n(svc: Service) -> None:
 
 
 def test_a_disconnect_mid_stream_frees_every_fork(svc: Service) -> None:
+    """n=5 with 4 seats: 4 forks decode and 1 waits when the client goes away; every one of
+    them is aborted (none completed) and every slot and page comes back."""
     http, model = svc.http, svc.model
     wait_idle(http)
-    before = http.get("/v1/internal/stats").json()
+    aborted = http.get("/v1/internal/stats").json()["finished_by_reason"].get("abort", 0)
     body = {"model": model, "prompt": "Tell me a long story", "n": 5, "stream": True}
     body.update(max_tokens=1000, temperature=1.0, ignore_eos=True)
     with http.stream("POST", "/v1/completions", json=body) as r:
@@ -141,11 +143,7 @@ def test_a_disconnect_mid_stream_frees_every_fork(svc: Service) -> None:
             if line.startswith("data: {"):
                 seen.update(c["index"] for c in json.loads(line[6:])["choices"])
             if len(seen) >= 2:
-                break
-        # NOTE: read while the stream is open: leaving the block closes the connection, which
-        # is the disconnect under test. (Cached pages may be a running fork's too, so raw
-        # counts, not `held`, show what it holds.)
-        during = http.get("/v1/internal/stats").json()
-        assert during["num_running"] == SEATS and during["num_waiting"] == 1
-        assert during["slots_used"] >= before["slots_used"] + SEATS
+                break  # leaving the block closes the connection: the disconnect under test
     wait_idle(http)
+    after = http.get("/v1/internal/stats").json()["finished_by_reason"].get("abort", 0)
+    assert after - aborted == 5

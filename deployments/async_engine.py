@@ -56,15 +56,17 @@ def _stop_running_loops() -> None:
 
 
 class _Admission:
-    """One request's place in its replica's admission count; `release` is idempotent."""
+    """One request's places in its replica's admission count (one per fork: `n`); `release`
+    is idempotent."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, n: int) -> None:
         self._engine: AsyncEngine | None = engine
-        engine._num_active += 1
+        self._n = n
+        engine._num_active += n
 
     def release(self) -> None:
         if self._engine is not None:
-            self._engine._num_active -= 1
+            self._engine._num_active -= self._n
             self._engine = None
 
 
@@ -76,6 +78,7 @@ class AsyncEngine:
         self.admission_limit = admission_limit  # running + waiting requests on this replica
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, Stream] = {}  # NOTE: mutated on the loop thread only
+        self._forks_left: dict[str, int] = {}  # a stream's forks not finished yet (loop thread)
         self._num_active = 0  # requests submitted and not yet finished (caller side)
         self._session_seen: dict[str, float] = {}
         self._stats: dict[str, Any] = {}
@@ -106,6 +109,8 @@ class AsyncEngine:
         session_id: str | None = None,
     ) -> AsyncIterator[Delta]:
         """Check the request now, then stream its deltas; the last has `finish_reason` set.
+        With `params.n` > 1 the forks' deltas come interleaved, each with its `index`, until
+        every fork has finished (or one failed).
 
         Raises at once (nothing queued) ValueError for a prompt the engine refuses,
         EngineOverloaded when the replica's queue is full, EngineDead when the loop is gone.
@@ -114,7 +119,9 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDead(self._error or "the engine loop is not running")
         self.engine.validate(prompt_token_ids, params)  # read-only: safe off the loop thread
-        if self._num_active >= self.admission_limit:
+        # NOTE: a request counts once per fork; one alone on an idle replica is admitted
+        # whatever its n, so an n above the limit is slow rather than refused forever.
+        if self._num_active and self._num_active + params.n > self.admission_limit:
             raise EngineOverloaded(
                 f"{self._num_active} requests are already queued or running on this replica "
                 f"(its admission limit)"
@@ -122,7 +129,7 @@ class AsyncEngine:
         # NOTE: counted here, at admission, so a burst cannot overshoot the limit before the
         # streams start. The admission is given back exactly once: when the stream ends, or
         # when a stream that was never iterated is dropped (its generator's finalizer).
-        admitted = _Admission(self)
+        admitted = _Admission(self, params.n)
         deltas = self._stream(list(prompt_token_ids), params, request_id, session_id, admitted)
         weakref.finalize(deltas, admitted.release)
         return deltas
@@ -137,17 +144,19 @@ class AsyncEngine:
     ) -> AsyncIterator[Delta]:
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)
         self._cmds.put(AddRequest(rid, prompt, params, stream))
-        finished = False
+        left, failed = params.n, False
         try:
-            while not finished:
+            while left and not failed:
                 delta = await stream.queue.get()
-                while delta.finish_reason is None and not stream.queue.empty():
-                    delta = delta.then(stream.queue.get_nowait())  # the backlog, as one
-                finished = delta.finish_reason is not None
+                # The backlog as one delta; forks' deltas interleave, so only without forks.
+                while params.n == 1 and delta.finish_reason is None and not stream.queue.empty():
+                    delta = delta.then(stream.queue.get_nowait())
+                left -= delta.finish_reason is not None
+                failed = delta.finish_reason == FinishReason.ERROR
                 yield delta
         finally:
             admitted.release()
-            if not finished:
+            if left:  # NOTE: a failed fork ends the stream; its siblings are aborted with it
                 self._cmds.put(Abort(rid))
 
     async def check_health(self) -> None:
@@ -225,6 +234,7 @@ class AsyncEngine:
             case AddRequest():
                 self._add(cmd)
             case Abort(request_id=rid):
+                self._forks_left.pop(rid, None)
                 if self._streams.pop(rid, None) is not None:
                     self.engine.abort_request(rid)
             case CheckHealth(reply=fut):
@@ -249,6 +259,7 @@ class AsyncEngine:
             put(stream, _final(prompt, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
             return
         self._streams[rid] = stream
+        self._forks_left[rid] = cmd.params.n
         if stream.session_id is not None:
             self._session_seen[stream.session_id] = time.time()
 
@@ -271,7 +282,7 @@ class AsyncEngine:
         for out in outs:
             if (stream := self._streams.get(out.request_id)) is None:
                 continue
-            if out.finished:
+            if out.finished and self._fork_finished(out.request_id):
                 del self._streams[out.request_id]
                 if stream.session_id is not None:
                     self._session_seen[stream.session_id] = time.time()
@@ -282,6 +293,14 @@ class AsyncEngine:
         if failed and (why := self._executor_error()) is not None:
             raise EngineDead(why)
 
+    def _fork_finished(self, rid: str) -> bool:
+        """Count one finished fork of `rid`; True once all of them have finished."""
+        self._forks_left[rid] -= 1
+        if self._forks_left[rid]:
+            return False
+        del self._forks_left[rid]
+        return True
+
     def _fail_all(self, message: str) -> None:
         for rid, stream in list(self._streams.items()):
             try:
@@ -290,6 +309,7 @@ class AsyncEngine:
                 log.exception("abort of %s failed", rid)
             put(stream, _final([], FinishReason.ERROR, message))
         self._streams.clear()
+        self._forks_left.clear()
 
     def _publish_stats(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -77,6 +77,7 @@ class Delta:
     num_prompt_tokens: int
     num_cached_tokens: int
     error: str | None = None
+    index: int = 0  # the fork (choice) of the request this delta is of (`SamplingParams.n`)
 
     @staticmethod
     def of(out: RequestOutput) -> Delta:
@@ -91,11 +92,13 @@ class Delta:
             len(out.prompt_token_ids),
             out.num_cached_tokens,
             out.error,
+            out.index,
         )
 
     def then(self, later: Delta) -> Delta:
-        """This delta followed by `later` of the same request, as one (a consumer that fell
-        behind takes its backlog as one chunk: one message per hop, not one per token)."""
+        """This delta followed by `later` of the same request and fork, as one (a consumer
+        that fell behind takes its backlog as one chunk: one message per hop, not one per
+        token)."""
 
         def cat(a: tuple | None, b: tuple | None) -> tuple | None:
             return None if a is None and b is None else (a or ()) + (b or ())
@@ -109,4 +112,5 @@ class Delta:
             later.num_prompt_tokens,
             later.num_cached_tokens,
             later.error,
+            later.index,
         )

@@ -17,7 +17,7 @@ from typing import Any
 
 from deployments.async_engine import AsyncEngine
 from deployments.engine_types import Delta, EngineDead, EngineOverloaded
-from deployments.openai_deltas import Accumulator, collect, merge, with_deadline
+from deployments.openai_deltas import Accumulator, by_choice, collect, merge, with_deadline
 from deployments.openai_errors import RETRY_AFTER_S, APIError
 from deployments.openai_format import Formatter, StreamUsage
 from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest, check_context
@@ -48,7 +48,8 @@ class ApiConfig:
 
 @dataclass(frozen=True)
 class _Job:
-    """One generation request, ready for the engine: one engine request per prompt."""
+    """One generation request, ready for the engine: one engine request per prompt, each with
+    `params.n` forks (choices), the prompt counted once in usage."""
 
     prompts: list[list[int]]
     params: SamplingParams
@@ -57,7 +58,10 @@ class _Job:
     grammar_param: str = "response_format"  # the field a grammar that fails to compile names
 
     def accumulators(self) -> list[Accumulator]:
-        return [Accumulator(num_prompt_tokens=len(p)) for p in self.prompts]
+        n = self.params.n
+        return [
+            Accumulator(num_prompt_tokens=len(p) * (j == 0)) for p in self.prompts for j in range(n)
+        ]
 
 
 class OpenAIReplica:
@@ -162,7 +166,8 @@ class OpenAIReplica:
             self._admit(p, job, f"{rid}-{i}" if many else rid, None if many else ctx.session_id)
             for i, p in enumerate(job.prompts)
         ]
-        return merge([with_deadline(d, self.cfg.request_timeout_s) for d in streams])
+        merged = merge([with_deadline(d, self.cfg.request_timeout_s) for d in streams])
+        return merged if job.params.n == 1 else by_choice(merged, job.params.n)
 
     def _admit(
         self, prompt: list[int], job: _Job, rid: str, session_id: str | None
@@ -215,7 +220,8 @@ class OpenAIReplica:
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
         grammar = req.response_format.grammar() if req.response_format else None
         params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs, grammar=grammar)
-        echo = tuple(self._prompt_text(p) for p in given) if req.echo else ()
+        texts = [self._prompt_text(p) for p in given] if req.echo else []
+        echo = tuple(t for t in texts for _ in range(params.n))  # one per choice
         fmt = self._formatter(False, params.logprobs is not None, echo=echo)
         return _Job(prompts, params, fmt, _usage(req))
 

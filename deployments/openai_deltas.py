@@ -1,13 +1,14 @@
 """One request's engine deltas on the OpenAI side: folded into totals, merged across the
-engine requests of one HTTP request (a completions batch: one per prompt), and cut off at the
-request deadline. Closing any of these streams aborts the engine requests behind it."""
+engine requests of one HTTP request (a completions batch: one per prompt), numbered by choice
+(`n` forks per prompt), and cut off at the request deadline. Closing any of these streams aborts
+the engine requests behind it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from deployments.engine_types import Delta
@@ -42,8 +43,8 @@ class Accumulator:
 
 
 def usage_of(accs: Sequence[Accumulator]) -> dict[str, Any]:
-    """OpenAI's usage over every choice: tokens summed (each prompt counted once per choice,
-    as vLLM counts a batch of prompts)."""
+    """OpenAI's usage over every choice: tokens summed, each prompt counted once (as vLLM
+    counts a batch of prompts; the forks of a prompt past the first carry none, `by_choice`)."""
     prompt = sum(a.num_prompt_tokens for a in accs)
     completion = sum(len(a.token_ids) for a in accs)
     return {
@@ -101,9 +102,23 @@ async def merge(streams: Sequence[AsyncIterator[Delta]]) -> AsyncIterator[tuple[
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def by_choice(
+    deltas: AsyncIterator[tuple[int, Delta]], n: int
+) -> AsyncIterator[tuple[int, Delta]]:
+    """(choice index, delta) from (prompt index, delta): fork j of prompt i is choice i*n + j,
+    vLLM's order. A fork past the first reports no prompt or cached tokens: the prompt was
+    computed once, and OpenAI's usage counts it once."""
+    async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
+        async for i, d in it:
+            if d.index:
+                d = replace(d, num_prompt_tokens=0, num_cached_tokens=0)
+            yield i * n + d.index, d
+
+
 async def with_deadline(deltas: AsyncIterator[Delta], timeout_s: float) -> AsyncIterator[Delta]:
     """`deltas` until `timeout_s` after the request was queued, then one final "timeout" delta.
-    Closing `deltas` (here, on timeout, or on a client disconnect) aborts the engine request."""
+    Closing `deltas` (here, on timeout, or on a client disconnect) aborts the engine request.
+    NOTE: runs until `deltas` ends, not at the first finish: a request's forks finish apart."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with contextlib.aclosing(deltas) as it:  # type: ignore[type-var]
         while True:
@@ -117,5 +132,3 @@ async def with_deadline(deltas: AsyncIterator[Delta], timeout_s: float) -> Async
                 yield Delta("", (), None, None, FinishReason.TIMEOUT, 0, 0, why)
                 return
             yield delta
-            if delta.finish_reason is not None:
-                return

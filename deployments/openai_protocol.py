@@ -67,7 +67,7 @@ class _SamplingFields(IgnoredFields):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)  # extension (vLLM): <= 0 disables
     min_p: float | None = Field(None, ge=0.0, le=1.0)  # extension (vLLM)
-    n: int = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})  # see below
+    n: int = Field(1, ge=1, le=INT32_MAX)  # above the engine's max_n: its 400 names `n`
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -87,13 +87,6 @@ class _SamplingFields(IgnoredFields):
         for key in v or {}:
             if not (key.isascii() and key.isdigit()) or int(key) > INT32_MAX:
                 raise ValueError(f"keys must be integer token ids, got {key!r}")
-        return v
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
         return v
 
     def check_unsupported(self) -> None:
@@ -127,6 +120,7 @@ class _SamplingFields(IgnoredFields):
             repetition_penalty=self.repetition_penalty,
             logit_bias=self.logit_bias,
             min_tokens=self.min_tokens,
+            n=self.n,
         )
 
     @property

@@ -81,8 +81,9 @@ class LLM:
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         images: Sequence[Sequence[ImageInput]] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; returns outputs in input order. `images[i]` are prompt
-        i's images (a vision model's), filling its image placeholder tokens in order.
+        """Generate for every prompt; returns outputs in input order (a prompt whose params
+        have `n` > 1: its n outputs, by `index`, in its place). `images[i]` are prompt i's
+        images (a vision model's), filling its image placeholder tokens in order.
 
         Every request is validated before any is queued, so one bad prompt changes nothing.
         """
@@ -99,28 +100,29 @@ class LLM:
             raise ValueError(f"got images for {len(per_prompt)} prompts, not {len(token_lists)}")
         for toks, p, imgs in zip(token_lists, params, per_prompt, strict=True):
             self.engine.validate(toks, p)
-            self.engine.place_images(toks, imgs, None)
+            self.engine.place_images(toks, imgs, None, p.n)
         ids = [
             self.engine.add_request(t, p, images=i)
             for t, p, i in zip(token_lists, params, per_prompt, strict=True)
         ]
-        done: dict[str, RequestOutput] = {}
+        keys = [(rid, i) for rid, p in zip(ids, params, strict=True) for i in range(p.n)]
+        done: dict[tuple[str, int], RequestOutput] = {}
         try:
-            while len(done) < len(ids):
+            while len(done) < len(keys):
                 for out in self.engine.step():
                     if out.finished:
-                        done[out.request_id] = out
-                if not self.engine.has_unfinished() and len(done) < len(ids):
+                        done[(out.request_id, out.index)] = out
+                if not self.engine.has_unfinished() and len(done) < len(keys):
                     break
         except BaseException:
             for rid in ids:
-                if rid not in done:
+                if any((rid, i) not in done for rid2, i in keys if rid2 == rid):
                     self.engine.abort_request(rid)
             raise
         errors = [o.error for o in done.values() if o.error]
         if errors:
             raise RuntimeError(f"generation failed: {errors[0]}")
-        return [done[rid] for rid in ids]
+        return [done[key] for key in keys]
 
     def shutdown(self) -> None:
         self.engine.shutdown()

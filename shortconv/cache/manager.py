@@ -2,11 +2,12 @@
 
 A request resumes from a checkpoint in the `PrefixCache` tree by a copy: the checkpointed state
 into a fresh slot (`copies_before`), a reference on every full cached page and a copy of a partly
-filled last page (`page_copies`), so nothing the tree holds is ever written by a request (an
-`n > 1` fork would be the same copy). While a prompt is prefilled its state is checkpointed into
-slots of its own (`SeqChunk.checkpoints` inside a chunk, `copies_after` at a chunk's end),
-inserted into the tree once the step has run; a request that completes hands its slot to the
-tree as its end-of-generation checkpoint. A session is a pin on its latest two (`sessions.py`).
+filled last page (`page_copies`), so nothing the tree holds is ever written by a request. An
+`n > 1` fork is the same copy, from its parent's live state instead of a tree entry (`fork`).
+While a prompt is prefilled its state is checkpointed into slots of its own (`SeqChunk.checkpoints`
+inside a chunk, `copies_after` at a chunk's end), inserted into the tree once the step has run; a
+request that completes hands its slot to the tree as its end-of-generation checkpoint. A session is
+a pin on its latest two (`sessions.py`).
 
 With prefix caching every request is looked up, every prompt checkpointed each
 `checkpoint_interval` tokens and at its end, every generation kept, and an entry nothing pins
@@ -33,7 +34,7 @@ from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.page_tables import PageCopy, PageTables
 from shortconv.cache.prefix_cache import CacheEntry, CacheHit, PrefixCache
 from shortconv.cache.sessions import SessionPins
-from shortconv.cache.window_pages import WindowGroup
+from shortconv.cache.window_pages import WindowGroup, window_span
 
 Copy = tuple[str, int, int]  # (request id, src, dst)
 
@@ -133,6 +134,43 @@ class CacheManager:
         if not req.output_token_ids:
             req.num_cached_tokens = min(hit.num_tokens, len(req.prompt_token_ids))
         return ((req.request_id, hit.slot, req.slot),), pages
+
+    def fork(self, req: Holder, source: Holder, budget: int, copies: StepCopies) -> int:
+        """Admit a fork (it holds nothing) from its parent's computed state, as a hit resumes:
+        the parent's slot copied into a fresh one, its full pages shared in every KV group and a
+        partly filled last page copied. Returns the chunk's tokens; 0: no slot or pages yet, and
+        it holds nothing again (it waits; the parent keeps its state)."""
+        hit = self._fork_point(source)
+        self.kv.share_hit(req, hit)  # NOTE: references first: the allocations below may evict
+        req.num_computed = hit.num_tokens
+        req.slot = self._alloc_slot()
+        n = min(len(req.all_token_ids) - hit.num_tokens, budget)
+        if req.slot is None or not self.grow(req, hit.num_tokens):
+            self.forget(req)
+            return 0
+        pages = self.kv.partial_copies(req, hit) if hit.partial_page is not None else ()
+        if not self.grow(req, hit.num_tokens + n):
+            self.forget(req)
+            return 0
+        copies.before.append((req.request_id, hit.slot, req.slot))
+        copies.pages += pages
+        req.num_cached_tokens, req.looked_up = source.num_cached_tokens, True
+        return n
+
+    def _fork_point(self, source: Holder) -> CacheHit:
+        """The parent's computed state as a hit: its slot, its full pages, its partly filled
+        last page and each sliding group's pages in the window (all live: a request frees only
+        pages behind the window of the chunk it computes next)."""
+        ps, q = self.page_size, source.num_computed
+        assert source.slot is not None and q > 0
+        spans = [window_span(q, g.window, ps) for g in self.windows]
+        windows = tuple(
+            tuple(t[s.start : s.stop]) for t, s in zip(source.window_pages, spans, strict=True)
+        )
+        # NOTE: no tree entry stands behind a fork; share_hit and partial_copies read none.
+        entry = CacheEntry((), -1, None, 0, slot=source.slot)
+        partial = source.pages[q // ps] if q % ps else None
+        return CacheHit(q, source.slot, tuple(source.pages[: q // ps]), partial, entry, windows)
 
     def _lookup(self, req: Holder) -> CacheHit | None:
         if self.prefix_caching:

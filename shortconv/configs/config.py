@@ -139,6 +139,9 @@ class EngineConfig:
 
     max_num_seqs: int = field(default=32, metadata={"ge": 1})
     max_num_batched_tokens: int = field(default=512, metadata={"ge": 1})
+    # The most forks (`SamplingParams.n`, OpenAI's `n`) one request may ask for; each fork is
+    # one running sequence with a slot of its own once its prompt has been computed.
+    max_n: int = field(default=16, metadata={"ge": 1})
     # Prompt tokens one step carries while any request decodes (decode goes first), so a
     # stream's inter-token gap stays one decode step plus this much prefill however many
     # prompts arrive. 0: by device: 32 on CPU, where a prompt token costs about what a decode

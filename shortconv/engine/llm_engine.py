@@ -12,6 +12,7 @@ from shortconv.cache.sessions import SessionPins
 from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
+from shortconv.engine.forks import seq_ids
 from shortconv.engine.images import ImageInput, ImageSpec, PlacedImage, place_images
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
@@ -82,6 +83,9 @@ class LLMEngine:
         return self.tokenizer.encode(prompt)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if params.n > self.engine_cfg.max_n:
+            msg = f"n={params.n} is above this server's maximum of {self.engine_cfg.max_n}"
+            raise InvalidRequest(msg, "n")
         if not prompt_token_ids:
             raise InvalidRequest("prompt is empty: at least one token is required", "prompt")
         vocab = self.model_cfg.vocab_size
@@ -105,7 +109,11 @@ class LLMEngine:
             self.grammars.check(params.grammar)  # GrammarError (a ValueError) naming the field
 
     def place_images(
-        self, prompt_token_ids: list[int], images: Sequence[ImageInput], session_id: str | None
+        self,
+        prompt_token_ids: list[int],
+        images: Sequence[ImageInput],
+        session_id: str | None,
+        n: int = 1,
     ) -> tuple[PlacedImage, ...]:
         """Each image's placeholders in the prompt, or InvalidRequest naming what is wrong."""
         if not images:
@@ -118,6 +126,8 @@ class LLMEngine:
             raise InvalidRequest(
                 "images need enable_prefix_caching=False and no session for now", "images"
             )
+        if n > 1:  # forks copy the parent's state but not its images (engine.forks)
+            raise InvalidRequest("n > 1 with images is not supported yet", "n")
         return place_images(prompt_token_ids, images, self.image_spec)
 
     def add_request(
@@ -133,33 +143,40 @@ class LLMEngine:
         `images` fill the prompt's image placeholders in order (engine.images)."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
-        placed = self.place_images(prompt_token_ids, images, session_id)
+        placed = self.place_images(prompt_token_ids, images, session_id, params.n)
         n = next(self._ids)
         rid = request_id if request_id is not None else f"req-{n}"
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)
         req = Request(rid, prompt_token_ids, params, seed, session_id=session_id, images=placed)
         self.scheduler.add(req)
-        self._outputs[rid] = RequestOutput(
-            rid,
-            prompt_token_ids,
-            logprobs=[] if params.logprobs is not None else None,
-            top_logprobs=[] if params.logprobs else None,
-        )
-        if self.tokenizer is not None:
-            self._detok[rid] = IncrementalDetokenizer(
-                self.tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens
+        for key, index in seq_ids(rid, params.n):
+            self._outputs[key] = RequestOutput(
+                rid,
+                prompt_token_ids,
+                logprobs=[] if params.logprobs is not None else None,
+                top_logprobs=[] if params.logprobs else None,
+                index=index,
             )
+            if self.tokenizer is not None:
+                self._detok[key] = IncrementalDetokenizer(
+                    self.tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens
+                )
         if self.metrics is not None:
             self.metrics.request_added(rid)
         return rid
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Abort a request, every fork of it too; returns its (first fork's) output."""
         req = self.scheduler.abort(request_id)
-        out = self._outputs.pop(request_id, None)
-        self._detok.pop(request_id, None)
-        if out is not None and req is not None:
-            out.finish_reason = req.finish_reason or FinishReason.ABORT
-            self._count_finished(out.finish_reason)
+        n = req.params.n if req is not None and req.parent is None else 1  # a fork: itself
+        outs = [self._outputs.pop(key, None) for key, _ in seq_ids(request_id, n)]
+        for key, _ in seq_ids(request_id, n):
+            self._detok.pop(key, None)
+        out = outs[0]
+        for o in outs:
+            if o is not None and req is not None:
+                o.finish_reason = o.finish_reason or FinishReason.ABORT
+                self._count_finished(o.finish_reason)
         if self.metrics is not None:  # refreshed now: an idle engine may run no further step
             self.metrics.request_dropped(request_id)
         self.refresh_metrics()
@@ -201,7 +218,9 @@ class LLMEngine:
         if not req.finished:
             self.scheduler.finish(req, FinishReason.ERROR)
         out = self._outputs.pop(req.request_id, None)
-        out = out or RequestOutput(req.request_id, list(req.prompt_token_ids))
+        if out is None:
+            rid = req.parent.request_id if req.parent is not None else req.request_id
+            out = RequestOutput(rid, list(req.prompt_token_ids), index=req.index)
         self._detok.pop(req.request_id, None)
         self.grammars.release(req.request_id)
         out.finish_reason, out.error = FinishReason.ERROR, message
@@ -210,7 +229,7 @@ class LLMEngine:
 
     def _emit(self, req: Request) -> RequestOutput:
         out = self._outputs[req.request_id]
-        if not out.token_ids:  # first token: the prompt is done
+        if not out.token_ids and out.index == 0:  # first token: the prompt is done (once)
             self._counts["prompt"] += len(req.prompt_token_ids)
             self._counts["cached"] += req.num_cached_tokens
         self._counts["generation"] += 1
@@ -244,11 +263,12 @@ class LLMEngine:
 
     def _fail_all(self, message: str) -> list[RequestOutput]:
         failed = []
-        for rid in list(self.scheduler.requests):
-            req = self.scheduler.requests[rid]
-            self.scheduler.finish(req, FinishReason.ERROR)
-            out = self._outputs.pop(rid)
-            self._detok.pop(rid, None)
+        for req in list(self.scheduler.requests.values()):
+            if not req.finished:  # a parent's forks left with it
+                self.scheduler.finish(req, FinishReason.ERROR)
+        for key in list(self._outputs):
+            out = self._outputs.pop(key)
+            self._detok.pop(key, None)
             out.finish_reason, out.error = FinishReason.ERROR, message
             self._count_finished(FinishReason.ERROR)
             failed.append(out)

@@ -21,7 +21,8 @@ class FinishReason(StrEnum):
 class RequestOutput:
     """Cumulative result of one request; `finished` once finish_reason is set.
 
-    token_ids are the generated ids only.
+    token_ids are the generated ids only. A request with `SamplingParams.n` > 1 has one output
+    per fork, each with the request's id and its own `index` (0..n-1, the choice index).
     `num_cached_tokens` counts prompt tokens resumed from kept session state (not recomputed).
     """
 
@@ -36,6 +37,7 @@ class RequestOutput:
     error: str | None = None
     new_text: str = ""  # text added by the latest step (for streaming)
     new_token_ids: list[int] = field(default_factory=list)
+    index: int = 0  # the fork (choice) this output is of; 0 without forks
 
     @property
     def finished(self) -> bool:

@@ -14,10 +14,11 @@ from shortconv.sampling.sampling_params import SamplingParams
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    FORKING = "forking"  # an n > 1 request's prompt is computed; its forks copy its state
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # NOTE: identity: a parent and its forks refer to each other
 class Request:
     request_id: str
     prompt_token_ids: list[int]
@@ -46,6 +47,13 @@ class Request:
     # runner holds (engine.encoder_planner).
     images: tuple[PlacedImage, ...] = ()
     encoder_keys: dict[int, int] = field(default_factory=dict)
+    # Forks (`SamplingParams.n` > 1). The parent computes the prompt but its last token, then
+    # holds that state (FORKING) until every fork has copied it; each fork is a request of its
+    # own (`fork_id`) that computes the last prompt token and samples with its own seed.
+    index: int = 0  # this fork's choice index (0 for a request that is not a fork)
+    parent: Request | None = None  # a fork: its parent request
+    forks: list[Request] = field(default_factory=list)  # a parent: its forks, by index
+    source: Request | None = None  # a fork not admitted yet: the parent whose state it copies
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -58,3 +66,9 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+
+def fork_id(request_id: str, index: int) -> str:
+    """The scheduler's id of fork `index` of request `request_id` (its outputs carry the
+    parent's id and `index`)."""
+    return f"{request_id}/{index}"

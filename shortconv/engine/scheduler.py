@@ -10,6 +10,7 @@ from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.manager import CacheManager, StepCopies
 from shortconv.cache.window_pages import WindowGroup
 from shortconv.engine.encoder_planner import EncoderPlanner
+from shortconv.engine.forks import copied_by_all, make_forks, ready_to_fork
 from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
@@ -59,10 +60,34 @@ class Scheduler:
 
     # ---- queue management -------------------------------------------------------------
     def add(self, req: Request) -> None:
+        """Queue a request; one with `n` > 1 is queued as the parent that computes its prompt,
+        and forks once that is done (`engine/forks.py`)."""
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         self.requests[req.request_id] = req
-        self.waiting.append(req)
+        if req.params.n == 1:
+            self.waiting.append(req)
+            return
+        make_forks(req)
+        if req.prompt_token_ids:
+            self.waiting.append(req)
+        else:
+            self._fork(req, front=False)
+
+    def _fork(self, parent: Request, front: bool) -> None:
+        """The parent's prompt is computed: its forks queue (first in line when `front`: their
+        prompt has been admitted already) and it holds its state until they have copied it."""
+        if parent.status is Status.RUNNING:
+            self.running.remove(parent)
+        parent.status = Status.FORKING
+        for fork in parent.forks:
+            if fork.request_id in self.requests:
+                raise ValueError(f"duplicate request id {fork.request_id!r}")
+            self.requests[fork.request_id] = fork
+        if front:
+            self.waiting.extendleft(reversed(parent.forks))
+        else:
+            self.waiting.extend(parent.forks)
 
     def abort(self, request_id: str) -> Request | None:
         req = self.requests.get(request_id)
@@ -71,14 +96,37 @@ class Scheduler:
         return req
 
     def finish(self, req: Request, reason: FinishReason) -> None:
+        """A request leaves; a parent takes its unfinished forks with it, and the last fork of
+        a parent to leave takes the parent."""
+        self._leave(req, reason)
+        for fork in req.forks:
+            if not fork.finished:
+                self._leave(fork, reason)
+        parent = req.parent
+        if parent is not None and not parent.finished and all(f.finished for f in parent.forks):
+            self._leave(parent, reason)
+
+    def _leave(self, req: Request, reason: FinishReason) -> None:
         if req.status is Status.RUNNING:
             self.running.remove(req)
-        elif req.status is Status.WAITING:
+        elif req.status is Status.WAITING and req in self.waiting:
             self.waiting.remove(req)
-        self.cache_manager.finish(req, completed=reason in (FinishReason.STOP, FinishReason.LENGTH))
+        if req.forks:  # a parent's state is a fork source, never a checkpoint of its own
+            self.cache_manager.release(req)
+        else:
+            completed = reason in (FinishReason.STOP, FinishReason.LENGTH)
+            self.cache_manager.finish(req, completed=completed)
         self.encoder.release(req)
         req.status, req.finish_reason = Status.FINISHED, reason
         self.requests.pop(req.request_id, None)
+        self._copied_from(req)
+
+    def _copied_from(self, fork: Request) -> None:
+        """`fork` no longer needs its parent's state; the parent's slot and pages go back once
+        none of its forks does."""
+        source, fork.source = fork.source, None
+        if source is not None and copied_by_all(source):
+            self.cache_manager.release(source)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -136,7 +184,10 @@ class Scheduler:
     def _admit(self, budget: int, chunks: dict[str, SeqChunk], copies: StepCopies) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
-            n = self.cache_manager.admit(req, budget, copies)
+            if req.source is not None:  # a fork: a copy of its parent's state (or it waits)
+                n = self.cache_manager.fork(req, req.source, budget, copies)
+            else:
+                n = self.cache_manager.admit(req, budget, copies)
             if not n:
                 break
             req.status = Status.RUNNING
@@ -144,11 +195,13 @@ class Scheduler:
             self.running.append(req)
             chunks[req.request_id] = self._chunk(req, n, copies)
             budget -= n
+            self._copied_from(req)
 
     def _chunk(self, req: Request, n: int, copies: StepCopies) -> SeqChunk:
         start = req.num_computed
         sampling = None
-        if start + n == req.num_tokens:  # the chunk ends the prompt (or is a decode step)
+        # The chunk ends the prompt (or is a decode step); a parent's forks sample, not it.
+        if start + n == req.num_tokens and not req.forks:
             sampling = make_row(
                 req.params,
                 req.seed,
@@ -185,6 +238,8 @@ class Scheduler:
             if req is not None and req.status is Status.RUNNING:
                 req.num_computed += chunk.num_tokens
                 self.cache_manager.commit_checkpoints(req)
+                if ready_to_fork(req):
+                    self._fork(req, front=True)
         updated: list[Request] = []
         for rid, tok, lp, top in zip(
             result.request_ids,

@@ -20,6 +20,7 @@ from shortconv.sampling.sampling_row import SamplingRow
 
 _M64 = (1 << 64) - 1
 _M63 = (1 << 63) - 1
+_FORK_SALT = 0x6A09E667F3BCC909  # keeps fork seeds apart from draw_seed's (seed, step) mixing
 _TINY = torch.finfo(torch.float32).tiny
 
 
@@ -50,6 +51,18 @@ def draw_seed(seed: int, step: int) -> int:
     (negative or huge seeds are taken mod 2**64).
     """
     return _splitmix64(_splitmix64(seed & _M64) ^ (step & _M64)) & _M63
+
+
+def fork_seed(seed: int, index: int) -> int:
+    """The seed of fork `index` of a request seeded `seed` (`SamplingParams.n` > 1).
+
+    Fork 0 keeps the request's seed, so it draws what the same request with n=1 would; the
+    others get unrelated streams (the index goes through splitmix64 before it meets the seed,
+    so fork i's seed is no request's seed plus a small step).
+    """
+    if index == 0:
+        return seed
+    return _splitmix64((seed & _M64) ^ _splitmix64(_FORK_SALT ^ index)) & _M63
 
 
 class Sampler:

@@ -55,6 +55,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     min_tokens: int = 0
+    n: int = 1  # forks from one prefill, each sampled with its own generator (`fork_seed`)
 
     MAX_STOP_STRINGS = 16
     MAX_LOGPROBS = 20
@@ -91,6 +92,8 @@ class SamplingParams:
             raise bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise bad("seed", f"must be an int or None, got {self.seed!r}")
+        if not _is_int(self.n) or self.n < 1:
+            raise bad("n", f"must be an int >= 1, got {self.n!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise bad("max_tokens", f"must be an int >= 1, got {self.max_tokens!r}")
         if len(self.stop) > self.MAX_STOP_STRINGS:

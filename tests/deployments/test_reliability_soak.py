@@ -48,7 +48,7 @@ ARGS = {
     "session_ttl_s": 3.0,
 }
 BAD_BODIES: list[tuple[str, Any]] = [
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}),
     ("/v1/chat/completions", {"model": MODEL, "messages": [], "bogus": True}),
     ("/v1/chat/completions", {"model": "not-served", "messages": [{"role": "user"}]}),

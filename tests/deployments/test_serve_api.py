@@ -201,7 +201,7 @@ def test_completions_token_prompt_logprobs_and_sse() -> None:
 @pytest.mark.parametrize(
     ("payload", "param"),
     [
-        (chat(n=2), "n"),
+        (chat(n=0), "n"),
         (chat(temperature=-1), "temperature"),
         (chat(top_p=0), "top_p"),
         (chat(max_tokens=0), "max_tokens"),

@@ -233,5 +233,5 @@ def test_sampling_fields_reach_the_real_engine(svc: Service) -> None:
         assert stopped.choices[0].text == text[: text.find(stop)]
         assert stopped.choices[0].finish_reason == "stop"
     with pytest.raises(openai.BadRequestError) as exc:
-        svc.client.completions.create(**kw, n=2)
+        svc.client.completions.create(**kw, n=17)  # above the engine's max_n (16)
     assert exc.value.status_code == 400 and exc.value.body["param"] == "n"  # type: ignore[index]

@@ -182,6 +182,15 @@ def test_images_are_refused_where_they_would_be_wrong(case: Case) -> None:
     with pytest.raises(InvalidRequest, match="enable_prefix_caching=False") as err:
         llm.generate(prompt_token_ids=[ids], images=[engine_images(images, batch)])
     assert err.value.param == "images" and not llm.engine.has_unfinished()
+    # Forks copy the parent's state but carry no images: n > 1 is refused with them.
+    plain = LLM(model=case.path, dtype="float32", enable_prefix_caching=False)
+    with pytest.raises(InvalidRequest, match="n > 1") as err:
+        plain.generate(
+            prompt_token_ids=[ids],
+            sampling_params=SamplingParams(max_tokens=2, n=2),
+            images=[engine_images(images, batch)],
+        )
+    assert err.value.param == "n" and not plain.engine.has_unfinished()
 
 
 @pytest.mark.parametrize("size", [(20, 24), (64, 40)], ids=["untiled", "tiled"])

@@ -14,6 +14,7 @@ from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.forks import seq_ids
 from shortconv.engine.images import ImageInput, ImageSpec, PlacedImage, place_images
+from shortconv.engine.occupancy import engine_stats
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
@@ -280,48 +281,9 @@ class LLMEngine:
         self._finished[key] = self._finished.get(key, 0) + 1
 
     def stats(self) -> EngineStats:
-        sch, cm = self.scheduler, self.scheduler.cache_manager
-        return EngineStats(
-            pools=self._pools,
-            slots_used=cm.slots.num_used,
-            slots_total=cm.slots.capacity,
-            kv_pages_used=cm.pages.num_used,
-            kv_pages_total=cm.pages.capacity,
-            num_running=len(sch.running),
-            num_waiting=len(sch.waiting),
-            sessions_held=len(cm.sessions),
-            session_hits=cm.sessions.hits,
-            session_misses=cm.sessions.misses,
-            session_evictions=cm.sessions.evictions,
-            prompt_tokens_total=self._counts["prompt"],
-            generation_tokens_total=self._counts["generation"],
-            cached_tokens_total=self._counts["cached"],
-            finished_by_reason=dict(self._finished),
-            kv_pages_used_by_kind={
-                "full": cm.pages.num_used,
-                "sliding": sum(g.pages.num_used for g in cm.windows),
-            },
-            kv_pages_total_by_kind={
-                "full": cm.pages.capacity,
-                "sliding": sum(g.pages.capacity for g in cm.windows),
-            },
-            **self._prefix_cache_stats(),
+        return engine_stats(
+            self.scheduler, self._pools, self._counts, self._finished, self.checkpoint_bytes
         )
-
-    def _prefix_cache_stats(self) -> dict[str, int]:
-        cm = self.scheduler.cache_manager
-        if not cm.prefix_caching:
-            return {}
-        cache = cm.tree
-        c = cache.counters
-        return {
-            "prefix_cache_query_tokens": c.query_tokens,
-            "prefix_cache_hit_tokens": c.hit_tokens,
-            "prefix_cache_checkpoints": cache.num_checkpoints,
-            "prefix_cache_checkpoint_bytes": cache.num_checkpoints * self.checkpoint_bytes,
-            "prefix_cache_pages": cache.num_pages,
-            "prefix_cache_evictions": c.evictions,
-        }
 
     def flush_prefix_cache(self) -> int:
         """Drop every prefix-cache entry (kept sessions' checkpoints too): after it, an idle

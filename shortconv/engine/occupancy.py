@@ -1,0 +1,65 @@
+"""The engine's stats snapshot, read from its scheduler and cache manager (on the engine thread).
+
+Kept out of `llm_engine` so the engine file stays about requests and steps; `EngineStats` itself
+lives in `engine.stats`, which the Serve layer imports without the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shortconv.cache.manager import CacheManager
+from shortconv.engine.scheduler import Scheduler
+from shortconv.engine.stats import EngineStats
+
+
+def engine_stats(
+    scheduler: Scheduler,
+    pools: tuple[str, ...],
+    counts: Mapping[str, int],
+    finished: Mapping[str, int],
+    checkpoint_bytes: int,
+) -> EngineStats:
+    """Occupancy now, and the counters since start (`counts`: prompt/generation/cached tokens;
+    `finished`: requests by finish reason); `checkpoint_bytes` is one checkpoint's size."""
+    cm = scheduler.cache_manager
+    return EngineStats(
+        pools=pools,
+        slots_used=cm.slots.num_used,
+        slots_total=cm.slots.capacity,
+        kv_pages_used=cm.pages.num_used,
+        kv_pages_total=cm.pages.capacity,
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        sessions_held=len(cm.sessions),
+        session_hits=cm.sessions.hits,
+        session_misses=cm.sessions.misses,
+        session_evictions=cm.sessions.evictions,
+        prompt_tokens_total=counts["prompt"],
+        generation_tokens_total=counts["generation"],
+        cached_tokens_total=counts["cached"],
+        finished_by_reason=dict(finished),
+        kv_pages_used_by_kind={
+            "full": cm.pages.num_used,
+            "sliding": sum(g.pages.num_used for g in cm.windows),
+        },
+        kv_pages_total_by_kind={
+            "full": cm.pages.capacity,
+            "sliding": sum(g.pages.capacity for g in cm.windows),
+        },
+        **_prefix_cache_stats(cm, checkpoint_bytes),
+    )
+
+
+def _prefix_cache_stats(cm: CacheManager, checkpoint_bytes: int) -> dict[str, int]:
+    if not cm.prefix_caching:
+        return {}
+    cache, c = cm.tree, cm.tree.counters
+    return {
+        "prefix_cache_query_tokens": c.query_tokens,
+        "prefix_cache_hit_tokens": c.hit_tokens,
+        "prefix_cache_checkpoints": cache.num_checkpoints,
+        "prefix_cache_checkpoint_bytes": cache.num_checkpoints * checkpoint_bytes,
+        "prefix_cache_pages": cache.num_pages,
+        "prefix_cache_evictions": c.evictions,
+    }

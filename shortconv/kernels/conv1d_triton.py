@@ -22,8 +22,6 @@ import triton.language as tl
 from shortconv.kernels.launch_config import CONV_PREFILL, CONV_SMALL, MAX_CONV_WIDTH
 from shortconv.kernels.outputs import decode_out, out_like
 
-MAX_WIDTH = MAX_CONV_WIDTH  # see launch_config
-
 
 def _fn_out_kernel(
     x_ptr,
@@ -209,8 +207,8 @@ def _kernels() -> tuple[object, object, object]:
 def _check_shapes(dim: int, weight: torch.Tensor, states: torch.Tensor) -> int:
     # Host-side shape checks only (no device reads): a mismatch here would be an OOB access.
     width = weight.shape[1]
-    if not 2 <= width <= MAX_WIDTH:
-        raise ValueError(f"short-conv width must be in 2..{MAX_WIDTH}, got {width}")
+    if not 2 <= width <= MAX_CONV_WIDTH:
+        raise ValueError(f"short-conv width must be in 2..{MAX_CONV_WIDTH}, got {width}")
     if weight.shape[0] != dim or states.dim() != 3 or tuple(states.shape[1:]) != (dim, width - 1):
         raise ValueError(
             f"expected weight [{dim}, W] and conv state [n_slots, {dim}, W-1], "
@@ -278,11 +276,11 @@ def causal_conv1d_fn_triton(
 ) -> torch.Tensor:
     """Varlen causal depthwise conv over packed sequences; updates conv_states in place.
 
-    Shapes: x [dim, T] (any strides), weight [dim, W] with W in 2..MAX_WIDTH, bias [dim] or None,
-    conv_states [n_slots, dim, W-1], query_start_loc int [B+1], cache_indices int32/int64 [B],
-    has_initial_state bool [B]. Returns out [dim, T] in x's dtype (written into `out` when
-    given), accumulated in fp32. Pad rows and tokens past query_start_loc[-1] produce zeros;
-    pad rows touch no state. No host syncs.
+    Shapes: x [dim, T] (any strides), weight [dim, W] with W in 2..MAX_CONV_WIDTH, bias [dim]
+    or None, conv_states [n_slots, dim, W-1], query_start_loc int [B+1], cache_indices
+    int32/int64 [B], has_initial_state bool [B]. Returns out [dim, T] in x's dtype (written
+    into `out` when given), accumulated in fp32. Pad rows and tokens past query_start_loc[-1]
+    produce zeros; pad rows touch no state. No host syncs.
     """
     dim, total = x.shape
     width = _check_shapes(dim, weight, conv_states)
@@ -347,8 +345,8 @@ def causal_conv1d_update_triton(
     """One decode token per row: conv over [state ‖ x], then shift x into the state in place.
 
     Shapes: x [B, dim] (any strides), conv_state [n_slots, dim, W-1], weight [dim, W] with
-    W in 2..MAX_WIDTH, bias [dim] or None, conv_state_indices int32/int64 [B]. Returns out [B, dim]
-    in x's dtype, accumulated in fp32. Pad rows produce zeros and touch no state. A single
+    W in 2..MAX_CONV_WIDTH, bias [dim] or None, conv_state_indices int32/int64 [B]. Returns out
+    [B, dim] in x's dtype, accumulated in fp32. Pad rows produce zeros and touch no state. A single
     launch with no host syncs, so it is safe under CUDA graph capture.
     """
     batch, dim = x.shape

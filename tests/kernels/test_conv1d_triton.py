@@ -19,15 +19,15 @@ from shortconv.kernels.conv1d_ref import (  # noqa: E402
     causal_conv1d_update_ref,
 )
 from shortconv.kernels.conv1d_triton import (  # noqa: E402
-    MAX_WIDTH,
+    MAX_CONV_WIDTH,
     causal_conv1d_fn_triton,
     causal_conv1d_update_triton,
 )
 
 N_SLOTS = 10
 PAD = -1
-# Every short-conv width the kernels take (2..MAX_WIDTH): LFM2's 3, LFM3's 7 and around them.
-WIDTHS = list(range(2, MAX_WIDTH + 1))
+# Every short-conv width the kernels take (2..MAX_CONV_WIDTH): LFM2's 3, LFM3's 7 and around them.
+WIDTHS = list(range(2, MAX_CONV_WIDTH + 1))
 DEVICES = [
     "cpu",
     pytest.param(

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serve_apps import openai_client, yaml_app
+from serve_apps import yaml_app
 
 PROMPTS = ["The sky is", "Once upon a time", "def main():", "1, 2, 3,"]
 
@@ -24,19 +24,9 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(base: str) -> openai.OpenAI:
-    return openai_client(base)
-
-
-@pytest.fixture(scope="module")
 def http(base: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=base, timeout=120) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def _greedy(client: openai.OpenAI, model: str, prompt: Any, **kw: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serve_apps import openai_client, yaml_app
+from serve_apps import yaml_app
 from test_responses_local import POINT, WEATHER
 
 REPLICA_HEADER = "x-shortconv-replica"
@@ -33,16 +33,6 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     args.update(num_state_slots=64)
     with yaml_app("lfm2", tmp_path_factory, enable_prefix_caching=False, **args) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def client(base: str) -> openai.OpenAI:
-    return openai_client(base)
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def test_text_streamed_and_not(client: openai.OpenAI, model: str) -> None:

@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 from grammar_schemas import INVALID, SCHEMAS, UNSUPPORTED
-from serve_apps import openai_client, yaml_app
+from serve_apps import yaml_app
 
 pytest.importorskip("xgrammar")
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -49,16 +49,6 @@ PARAMS = {"get_weather": WEATHER, "set_alarm": ALARM}
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with yaml_app("lfm2", tmp_path_factory) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def client(base: str) -> openai.OpenAI:
-    return openai_client(base)
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def fmt(schema: dict[str, Any]) -> dict[str, Any]:

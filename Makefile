@@ -15,9 +15,12 @@ setup: $(VPY)
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q -e ".[serve,dev]"
 
+# pytest-xdist workers: the modules that start Ray run in two units of one worker each, and
+# every other module is a unit of its own (tests/xdist_units.py). TEST_WORKERS=0: serially.
+TEST_WORKERS ?= 3
 test:
 	@test -x $(VPY) || $(MAKE) setup
-	$(VPY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint:
 	$(VPY) -m ruff check shortconv workers deployments tests bench

@@ -11,8 +11,6 @@ through Prometheus' query API, as a dashboard sees it.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from prom_server import PromServer, free_port, prometheus_binary
+from ray_env import private_ray
 from reliability_helpers import REPLAY_FAILURES, replay_failing_engine
 
 from deployments.app import build_app, deployment_options, parse_args
@@ -49,47 +48,38 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from ray import serve
 
-    ray_tmp = tempfile.mkdtemp(prefix="scsm-")  # short: Ray's socket paths live under it
     cache = tmp_path_factory.mktemp("cache")
     metrics_port, http_port = free_port(), free_port()
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=ray_tmp,
-        num_cpus=2,
-        object_store_memory=128 * 1024 * 1024,
-        runtime_env={"env_vars": {"XDG_CACHE_HOME": str(cache)}},
-        _metrics_export_port=metrics_port,
-        # NOTE: workers push metrics to the node's agent every interval; 1 s keeps the test short.
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
-    prom = PromServer([f"127.0.0.1:{metrics_port}"], tmp_path_factory.mktemp("prom"))
-    try:
-        prom.start()  # before the replica: its start-up zeros are scraped too
-        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
-        args = parse_args(
-            {
-                "tiny_arch": "lfm2",
-                "max_num_seqs": 8,
-                "num_state_slots": 32,
-                "enable_graphs": True,
-                "graph_batch_sizes": [1, 2],
-                "session_ttl_s": SESSION_TTL_S,
-            }
-        )
-        actor = deployment_options(args)["ray_actor_options"]
-        factory = "tests.reliability_helpers:replay_failing_engine"
-        serve.run(build_app(args, factory, num_replicas=1, ray_actor_options=actor), name=APP)
-        with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as http:
-            yield Stack(prom, http)
-    finally:
-        prom.stop()
-        serve.shutdown()
-        ray.shutdown()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    env = {"XDG_CACHE_HOME": str(cache)}
+    # NOTE: workers push metrics to the node's agent every interval; 1 s keeps the test short.
+    system = {"metrics_report_interval_ms": 1000}
+    with private_ray("scsm-", env, 2, _metrics_export_port=metrics_port, _system_config=system):
+        prom = PromServer([f"127.0.0.1:{metrics_port}"], tmp_path_factory.mktemp("prom"))
+        try:
+            prom.start()  # before the replica: its start-up zeros are scraped too
+            serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+            args = parse_args(
+                {
+                    "tiny_arch": "lfm2",
+                    "max_num_seqs": 8,
+                    "num_state_slots": 32,
+                    "enable_graphs": True,
+                    "graph_batch_sizes": [1, 2],
+                    "session_ttl_s": SESSION_TTL_S,
+                }
+            )
+            actor = deployment_options(args)["ray_actor_options"]
+            factory = "tests.reliability_helpers:replay_failing_engine"
+            app = build_app(args, factory, num_replicas=1, ray_actor_options=actor)
+            serve.run(app, name=APP)
+            with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as http:
+                yield Stack(prom, http)
+        finally:
+            prom.stop()
+            serve.shutdown()
 
 
 def complete(http: httpx.Client, prompt: str, max_tokens: int = 8) -> dict[str, Any]:

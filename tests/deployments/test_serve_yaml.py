@@ -168,21 +168,37 @@ def _answers_a_json_schema(client: openai.OpenAI, model: str) -> None:
 async def _burst_past_the_admission_limit(base: str, model: str, limit: int) -> None:
     """With the YAML's own settings, `limit + 8` concurrent requests reach the replica (Serve's
     cap is derived above the engine's) and the replica refuses the overshoot itself: OpenAI
-    503s with Retry-After, nothing else fails, and every slot is free again afterwards."""
-    body = {"model": model, "prompt": "burst", "max_tokens": 128, "ignore_eos": True}
+    503s with Retry-After, nothing else fails, and every slot is free again afterwards.
+
+    NOTE: the requests are chat streams with no `max_tokens` (they run to the context's end) and
+    are held open until every request has its answer: an admitted stream answers 200 at once
+    (its role chunk) and keeps its admission, so the overshoot is refused however slowly the
+    requests arrive on a loaded machine. Closing them aborts them."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "burst"}],
+        "stream": True,
+        "ignore_eos": True,
+    }
     limits = httpx.Limits(max_connections=limit + 16)
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
         # A kept session holds its generation slot and (if one was spare) its prompt snapshot.
         before = await _idle_stats(client)
-        results = await asyncio.gather(
-            *(client.post("/v1/completions", json=body) for _ in range(limit + 8))
-        )
-        codes = [r.status_code for r in results]
-        assert set(codes) <= {200, 503} and codes.count(503) >= 1, codes
-        for r in results:
-            if r.status_code == 503:
-                assert r.headers["retry-after"] == "1", r.text
-                assert r.json()["error"]["code"] == "overloaded", r.text
+        sent = [
+            client.build_request("POST", "/v1/chat/completions", json=body)
+            for _ in range(limit + 8)
+        ]
+        results = await asyncio.gather(*(client.send(r, stream=True) for r in sent))
+        try:
+            codes = [r.status_code for r in results]
+            assert set(codes) <= {200, 503} and codes.count(503) >= 8, codes
+            for r in results:
+                if r.status_code == 503:
+                    assert r.headers["retry-after"] == "1", await r.aread()
+                    assert json.loads(await r.aread())["error"]["code"] == "overloaded"
+        finally:
+            for r in results:
+                await r.aclose()
         stats = await _idle_stats(client)
         assert stats["num_waiting"] == 0, stats
         assert _held(stats) == _held(before), (before, stats)

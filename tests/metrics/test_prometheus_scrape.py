@@ -9,8 +9,6 @@ hits, and a forced graph-replay failure plus an eager fallback past the largest 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import pytest
 from graph_helpers import FailOnce
 from prom_server import PromServer, free_port, prometheus_binary
+from ray_env import private_ray
 
 from shortconv.configs.config import EngineConfig
 from shortconv.engine.llm_engine import LLMEngine
@@ -136,27 +135,15 @@ def test_standalone_exporter_scraped_by_prometheus(tiny_lfm2: Path, tmp_path: Pa
 # ---- (b) Ray's metrics export port ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_metrics_port() -> Iterator[int]:
-    ray = pytest.importorskip("ray")
-    ray_tmp = tempfile.mkdtemp(prefix="scmx-")  # short: Ray's socket paths live under it
+    pytest.importorskip("ray")
     port = free_port()
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=ray_tmp,
-        num_cpus=2,
-        object_store_memory=128 * 1024 * 1024,
-        # The actor class lives in this test module: workers import it (and prom_server,
-        # graph_helpers from tests/) from here.
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(map(str, (HERE, TESTS, ROOT)))}},
-        _metrics_export_port=port,
-        # NOTE: workers push metrics to the node's agent every interval; 1 s keeps the test short.
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
-    try:
+    # The actor class lives in this test module: workers import it (and prom_server,
+    # graph_helpers from tests/) from here.
+    env = {"PYTHONPATH": os.pathsep.join(map(str, (HERE, TESTS, ROOT)))}
+    # NOTE: workers push metrics to the node's agent every interval; 1 s keeps the test short.
+    system = {"metrics_report_interval_ms": 1000}
+    with private_ray("scmx-", env, 2, _metrics_export_port=port, _system_config=system):
         yield port
-    finally:
-        ray.shutdown()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 class EngineActor:

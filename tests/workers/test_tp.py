@@ -11,9 +11,7 @@ TP=2 and TP=4 both split the KV heads; its sliding layers' window (8) is one KV 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from oracle import NEAR_TIE  # noqa: E402
+from ray_env import private_ray  # noqa: E402
 
 from shortconv.configs.config import EngineConfig  # noqa: E402
 from shortconv.configs.hf.availability import transformers_lacks  # noqa: E402
@@ -62,18 +61,9 @@ def engine_config(max_num_batched_tokens: int = 512) -> EngineConfig:
 
 
 @pytest.fixture(scope="module")
-def ray_runtime():
-    temp_dir = tempfile.mkdtemp(prefix="sctp-")  # short: Ray's socket paths live under it
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=temp_dir,
-        num_cpus=2,
-        object_store_memory=128 * 1024 * 1024,
-    )
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
+def ray_runtime() -> Iterator[None]:
+    with private_ray("sctp-", num_cpus=2):
+        yield
 
 
 @dataclass

@@ -154,6 +154,22 @@ def test_constrained_and_unconstrained_rows_mix_in_one_batch(llm: LLM) -> None:
     assert isinstance(json.loads(mixed[1].text), dict)
 
 
+def test_each_fork_follows_the_grammar_with_a_matcher_of_its_own(llm: LLM) -> None:
+    """n=3 under a json_schema: the forks' first tokens are drawn from one logits row, each
+    under its own mask; they then diverge (seeded), so one shared matcher would refuse a
+    token. Every choice parses and validates."""
+    schema = SCHEMAS["array-of-objects"]
+    spec = GrammarSpec.json_schema(schema)
+    params = SamplingParams(temperature=1.0, seed=11, max_tokens=300, n=3, grammar=spec)
+    outs = llm.generate(prompts=["three answers"], sampling_params=params)
+    assert [o.index for o in outs] == [0, 1, 2]
+    for out in outs:
+        assert out.error is None and out.finish_reason == "stop", out.text
+        valid(out.text, schema)
+    assert len({o.text for o in outs}) == 3
+    assert llm.engine.grammars.num_active == 0
+
+
 def test_a_complete_grammar_ends_the_request_even_with_ignore_eos(llm: LLM) -> None:
     spec = GrammarSpec.json_schema(SCHEMAS["booleans"])
     params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True, grammar=spec)
@@ -195,6 +211,36 @@ def test_a_grammar_that_cannot_go_on_fails_its_request_alone(
     cached = getattr(stats, "prefix_cache_checkpoints", 0), getattr(stats, "prefix_cache_pages", 0)
     assert (stats.slots_used - cached[0], stats.kv_pages_used - cached[1]) == (0, 0)
     assert llm.engine.grammars.num_active == 0
+
+
+@pytest.mark.parametrize("fault", ["no-allowed-token", "token-refused"])
+def test_a_grammar_that_cannot_go_on_fails_every_fork(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """n=2: no first token allowed (the parent's chunk is dropped) or each fork's first token
+    refused (each fork fails on its own): both forks end with an error, their parent's slot and
+    pages come back, and the other request goes on."""
+    if fault == "no-allowed-token":
+        monkeypatch.setattr(
+            xgr.GrammarMatcher, "fill_next_token_bitmask", lambda self, m, i=0: m[i].zero_()
+        )
+    else:
+        monkeypatch.setattr(xgr.GrammarMatcher, "accept_token", lambda self, t: False)
+    spec = GrammarSpec.json_schema(SCHEMAS["enum"])
+    eng = llm.engine
+    bad = eng.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=50, n=2, grammar=spec))
+    ok = eng.add_request([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    done: dict[tuple[str, int], object] = {}
+    while eng.has_unfinished():
+        done.update({(o.request_id, o.index): o for o in eng.step() if o.finished})
+    assert sorted(done) == [(bad, 0), (bad, 1), (ok, 0)]
+    for i in range(2):
+        assert done[bad, i].finish_reason == "error" and "grammar" in done[bad, i].error
+    assert done[ok, 0].finish_reason == "length"
+    stats = eng.stats()
+    cached = getattr(stats, "prefix_cache_checkpoints", 0), getattr(stats, "prefix_cache_pages", 0)
+    assert (stats.slots_used - cached[0], stats.kv_pages_used - cached[1]) == (0, 0)
+    assert not eng.scheduler.requests and eng.grammars.num_active == 0
 
 
 def test_the_engine_runs_without_xgrammar_when_no_grammar_is_asked(ckpt: Path) -> None:

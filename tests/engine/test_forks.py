@@ -152,6 +152,28 @@ def test_the_prompt_is_computed_once_for_eight_forks(model: Model) -> None:
     assert_idle(eng)
 
 
+def test_a_one_token_last_chunk_samples_the_forks_in_a_graph_replay(model: Model) -> None:
+    """Chunked (4 tokens a step), the 9-token prompt ends with a one-token chunk resuming kept
+    state: a decode-shaped step, replayed in a captured graph, whose one row gives all forks
+    their first tokens."""
+    kw = {"enable_graphs": True, "graph_batch_sizes": (1, 4), "graph_context_sizes": (16, 32)}
+    eng = model.engine(enable_prefix_caching=False, max_num_batched_tokens=4, **kw)
+    execute, replayed = eng.executor.execute, []
+
+    def recording(plan):  # noqa: ANN001, ANN202
+        result = execute(plan)
+        if any(c.fork_rows for c in plan.seqs):
+            replayed.append((plan.is_decode, result.used_graph, len(result.token_ids)))
+        return result
+
+    eng.executor.execute = recording  # type: ignore[method-assign]
+    forks = run(eng, PROMPT, greedy(3))
+    assert replayed == [(True, True, 3)]
+    (single,) = run(eng, PROMPT, greedy(1))
+    assert [f.token_ids for f in forks] == [single.token_ids] * 3
+    assert_idle(eng)
+
+
 def test_forks_wait_for_slots_and_pages(model: Model) -> None:
     """max_num_seqs below n: the forks that find no seat wait; few pages: forks are preempted
     and recomputed; all finish with the single request's output."""

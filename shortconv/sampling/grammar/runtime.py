@@ -67,10 +67,10 @@ class GrammarRuntime:
             # NOTE: bytes, not a view of `masks`: a pickled view would carry the whole batch's
             # storage in every row when the plan crosses to a TP rank.
             rows[rid] = _with(row, token_mask=words[i].tobytes())
-        kept = [c for c in plan.seqs if not _all_dead(c, dead)]
-        seqs = tuple(_masked(c, rows, dead) for c in kept)
-        gone = {c.slot for c in plan.seqs if _all_dead(c, dead)}
-        copies = tuple(p for p in plan.copies_after if p[0] not in gone)
+        gone = {c.request_id for c in plan.seqs if _all_dead(c, dead)}
+        seqs = tuple(_masked(c, rows, dead) for c in plan.seqs if c.request_id not in gone)
+        slots = {c.slot for c in plan.seqs if c.request_id in gone}
+        copies = tuple(p for p in plan.copies_after if p[0] not in slots)
         return dataclasses.replace(plan, seqs=seqs, copies_after=copies), dead
 
     def accept(self, request_id: str, token: int, done: bool) -> bool:

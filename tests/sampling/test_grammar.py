@@ -245,7 +245,6 @@ def test_the_engine_runs_without_xgrammar_when_no_grammar_is_asked(ckpt: Path) -
         import sys
         sys.modules["xgrammar"] = None  # import xgrammar now raises ImportError
         from shortconv import LLM, SamplingParams
-from shortconv.engine.outputs import RequestOutput
         from shortconv.sampling.grammar import GrammarError, GrammarSpec
         llm = LLM(model={str(ckpt)!r}, dtype="float32")
         short = SamplingParams(max_tokens=3)

@@ -136,10 +136,11 @@ class CacheManager:
         return ((req.request_id, hit.slot, req.slot),), pages
 
     def fork(self, req: Holder, source: Holder, budget: int, copies: StepCopies) -> int:
-        """Admit a fork (it holds nothing) from its parent's computed state, as a hit resumes:
-        the parent's slot copied into a fresh one, its full pages shared in every KV group and a
-        partly filled last page copied. Returns the chunk's tokens; 0: no slot or pages yet, and
-        it holds nothing again (it waits; the parent keeps its state)."""
+        """Admit a fork (it holds nothing; its first token is sampled) from its parent's
+        computed prompt, as a hit resumes: the parent's slot copied into a fresh one, its full
+        pages shared in every KV group and a partly filled last page copied. Returns the chunk's
+        tokens (its first token, a decode row); 0: no slot or pages yet, and it holds nothing
+        again (it waits; the parent keeps its state)."""
         hit = self._fork_point(source)
         self.kv.share_hit(req, hit)  # NOTE: references first: the allocations below may evict
         req.num_computed = hit.num_tokens
@@ -154,7 +155,7 @@ class CacheManager:
             return 0
         copies.before.append((req.request_id, hit.slot, req.slot))
         copies.pages += pages
-        req.num_cached_tokens, req.looked_up = source.num_cached_tokens, True
+        req.looked_up = True  # the parent's lookup counted the prompt once
         return n
 
     def _fork_point(self, source: Holder) -> CacheHit:

@@ -1,11 +1,12 @@
 """`SamplingParams.n` > 1: one request's forks, made when it is queued.
 
-The parent computes its prompt but the last token, once; then each of its n forks copies that
-state into a slot of its own (the cache manager's `fork`: the recurrent state by a slot copy,
-full KV pages by reference, a partly filled last page by a copy), computes the last prompt token
-itself, and samples with its own seed (`fork_seed`: fork 0 keeps the request's). Why the last
-token is the forks': each fork's first token needs a logits row of its own, and a row is one
-position's forward (vLLM's forks recompute it too, as a prefix-cache hit always leaves a token).
+The parent computes its whole prompt, once. The chunk that ends it carries one sampling row per
+fork (`SeqChunk.fork_rows`): the prompt's last position gets one logits row, which the runner
+repeats per fork, and each fork draws its first token from it with its own seed (`fork_seed`:
+fork 0 keeps the request's), its own controls and its own grammar matcher. Then each fork,
+its first token in hand, copies the parent's state into a slot of its own (the cache manager's
+`fork`: the recurrent state by a slot copy, full KV pages by reference in every KV group, a
+partly filled last page by a copy) and goes on decoding like any request.
 """
 
 from __future__ import annotations
@@ -15,23 +16,20 @@ from shortconv.sampling.sampler import fork_seed
 
 
 def make_forks(parent: Request) -> None:
-    """Give `parent` its forks and cut its own prompt to what it computes for them (a one-token
-    prompt leaves it nothing: its forks then start fresh, with no state to copy)."""
-    prompt = parent.prompt_token_ids
-    source = parent if len(prompt) > 1 else None
+    """Give `parent` its forks: requests of their own over the same prompt, each waiting for
+    the parent's computed state (`source`) and its first token."""
     parent.forks = [
         Request(
             fork_id(parent.request_id, i),
-            list(prompt),
+            list(parent.prompt_token_ids),
             parent.params,
             fork_seed(parent.seed, i),
             index=i,
             parent=parent,
-            source=source,
+            source=parent,
         )
         for i in range(parent.params.n)
     ]
-    parent.prompt_token_ids = list(prompt[:-1])
 
 
 def ready_to_fork(req: Request) -> bool:

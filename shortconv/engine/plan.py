@@ -26,6 +26,22 @@ class SeqChunk:
     window_tables: tuple[tuple[int, ...], ...] = ()
     # Image embedding rows that replace this chunk's placeholder tokens' embeddings.
     images: tuple[ImageSlice, ...] = ()
+    # A parent's last prompt chunk (`SamplingParams.n` > 1, `sampling` None): one (fork's
+    # request id, its row) per fork, each drawing its first token from this chunk's last
+    # position (one logits row, repeated per fork by the runner).
+    fork_rows: tuple[tuple[str, SamplingRow], ...] = ()
+
+    @property
+    def samples(self) -> tuple[tuple[str, SamplingRow], ...]:
+        """(request id, row) of every token drawn from this chunk's last position, in order."""
+        if self.sampling is not None:
+            return ((self.request_id, self.sampling),)
+        return self.fork_rows
+
+    @property
+    def is_sampled(self) -> bool:
+        """The chunk's last position needs a logits row (its own token, or its forks')."""
+        return self.sampling is not None or bool(self.fork_rows)
 
     @property
     def tables(self) -> tuple[tuple[int, ...], ...]:
@@ -84,7 +100,8 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepResult:
-    """Rank 0's answer: sampled tokens for the chunks that asked for sampling, in plan order."""
+    """Rank 0's answer: the sampled tokens, one per (request id, row) of the chunks' `samples`,
+    in plan order (a forking parent's chunk answers for each of its forks)."""
 
     step_id: int
     request_ids: tuple[str, ...]

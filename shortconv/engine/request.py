@@ -47,9 +47,10 @@ class Request:
     # runner holds (engine.encoder_planner).
     images: tuple[PlacedImage, ...] = ()
     encoder_keys: dict[int, int] = field(default_factory=dict)
-    # Forks (`SamplingParams.n` > 1). The parent computes the prompt but its last token, then
-    # holds that state (FORKING) until every fork has copied it; each fork is a request of its
-    # own (`fork_id`) that computes the last prompt token and samples with its own seed.
+    # Forks (`SamplingParams.n` > 1). The parent computes the whole prompt and samples each
+    # fork's first token from its last position, then holds that state (FORKING) until every
+    # fork has copied it; each fork is a request of its own (`fork_id`, its own seed) that goes
+    # on from there.
     index: int = 0  # this fork's choice index (0 for a request that is not a fork)
     parent: Request | None = None  # a fork: its parent request
     forks: list[Request] = field(default_factory=list)  # a parent: its forks, by index

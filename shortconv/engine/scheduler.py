@@ -14,7 +14,7 @@ from shortconv.engine.forks import copied_by_all, make_forks, ready_to_fork
 from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
-from shortconv.sampling.sampling_row import make_row
+from shortconv.sampling.sampling_row import SamplingRow, make_row
 
 
 @dataclass(frozen=True)
@@ -60,34 +60,25 @@ class Scheduler:
 
     # ---- queue management -------------------------------------------------------------
     def add(self, req: Request) -> None:
-        """Queue a request; one with `n` > 1 is queued as the parent that computes its prompt,
-        and forks once that is done (`engine/forks.py`)."""
-        if req.request_id in self.requests:
-            raise ValueError(f"duplicate request id {req.request_id!r}")
-        self.requests[req.request_id] = req
-        if req.params.n == 1:
-            self.waiting.append(req)
-            return
-        make_forks(req)
-        if req.prompt_token_ids:
-            self.waiting.append(req)
-        else:
-            self._fork(req, front=False)
+        """Queue a request; one with `n` > 1 is queued as the parent that computes its prompt
+        and samples its forks' first tokens, its forks waiting for that (`engine/forks.py`)."""
+        if req.params.n > 1:
+            make_forks(req)
+        for r in (req, *req.forks):
+            if r.request_id in self.requests:
+                raise ValueError(f"duplicate request id {r.request_id!r}")
+        for r in (req, *req.forks):
+            self.requests[r.request_id] = r
+        self.waiting.append(req)
 
-    def _fork(self, parent: Request, front: bool) -> None:
-        """The parent's prompt is computed: its forks queue (first in line when `front`: their
-        prompt has been admitted already) and it holds its state until they have copied it."""
-        if parent.status is Status.RUNNING:
-            self.running.remove(parent)
+    def _fork(self, parent: Request) -> None:
+        """The parent's prompt is computed: its forks queue first in line (their prompt has been
+        admitted already) and it holds its state until they have copied it."""
+        self.running.remove(parent)
         parent.status = Status.FORKING
         for fork in parent.forks:
-            if fork.request_id in self.requests:
-                raise ValueError(f"duplicate request id {fork.request_id!r}")
-            self.requests[fork.request_id] = fork
-        if front:
-            self.waiting.extendleft(reversed(parent.forks))
-        else:
-            self.waiting.extend(parent.forks)
+            fork.num_cached_tokens = parent.num_cached_tokens
+        self.waiting.extendleft(reversed([f for f in parent.forks if not f.finished]))
 
     def abort(self, request_id: str) -> Request | None:
         req = self.requests.get(request_id)
@@ -199,16 +190,13 @@ class Scheduler:
 
     def _chunk(self, req: Request, n: int, copies: StepCopies) -> SeqChunk:
         start = req.num_computed
-        sampling = None
+        sampling, fork_rows = None, ()
         # The chunk ends the prompt (or is a decode step); a parent's forks sample, not it.
-        if start + n == req.num_tokens and not req.forks:
-            sampling = make_row(
-                req.params,
-                req.seed,
-                req.prompt_token_ids,
-                req.output_token_ids,
-                self.cfg.eos_token_ids,
-            )
+        if start + n == req.num_tokens:
+            if req.forks:
+                fork_rows = tuple((f.request_id, self._row(f)) for f in req.forks if not f.finished)
+            else:
+                sampling = self._row(req)
         return SeqChunk(
             request_id=req.request_id,
             token_ids=tuple(req.all_token_ids[start : start + n]),
@@ -219,7 +207,12 @@ class Scheduler:
             checkpoints=self.cache_manager.plan_checkpoints(req, start, n, copies),
             window_tables=tuple(tuple(t) for t in req.window_pages),
             images=self.encoder.chunk_images(req, start, n) if req.images else (),
+            fork_rows=fork_rows,
         )
+
+    def _row(self, req: Request) -> SamplingRow:
+        p, eos = req.params, self.cfg.eos_token_ids
+        return make_row(p, req.seed, req.prompt_token_ids, req.output_token_ids, eos)
 
     def _preempt(self, req: Request) -> None:
         """Free everything and recompute later from prompt + generated tokens."""
@@ -239,7 +232,7 @@ class Scheduler:
                 req.num_computed += chunk.num_tokens
                 self.cache_manager.commit_checkpoints(req)
                 if ready_to_fork(req):
-                    self._fork(req, front=True)
+                    self._fork(req)
         updated: list[Request] = []
         for rid, tok, lp, top in zip(
             result.request_ids,
@@ -249,7 +242,8 @@ class Scheduler:
             strict=True,
         ):
             req = self.requests.get(rid)
-            if req is None or req.status is not Status.RUNNING:
+            # NOTE: a fork's first token comes while it waits for a slot (its parent sampled it).
+            if req is None or req.status not in (Status.RUNNING, Status.WAITING):
                 continue  # aborted while the step ran
             req.output_token_ids.append(tok)
             req.output_logprobs.append(lp)

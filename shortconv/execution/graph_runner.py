@@ -286,7 +286,7 @@ class GraphRunner:
 
 
 def _sampled_rows(hidden: torch.Tensor, plan: StepPlan) -> torch.Tensor:
-    rows = [i for i, s in enumerate(plan.seqs) if s.sampling is not None]
+    rows = [i for i, s in enumerate(plan.seqs) if s.is_sampled]
     if rows == list(range(len(rows))):
         return hidden[: len(rows)]  # the usual decode step: every live row samples
     return hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]

@@ -101,15 +101,15 @@ class ModelRunner:
             self._copy(plan.copies_after)
         if self.images is not None:
             self.images.free(plan.encoder_frees)
-        rows = [s.sampling for s in plan.seqs if s.sampling is not None]
-        ids = tuple(s.request_id for s in plan.seqs if s.sampling is not None)
-        if not rows:
+        samples = [x for s in plan.seqs for x in s.samples]
+        if not samples:
             empty = StepResult(plan.step_id, (), (), (), (), used_graph=used_graph)
             return empty if self.tp.rank == 0 else None
         logits = self.model.compute_logits(hidden_rows)
         if self.tp.rank != 0:
             return None
-        out = self.sampler(logits, rows)
+        out = self.sampler(_per_sample(logits, plan), [row for _, row in samples])
+        ids = tuple(rid for rid, _ in samples)
         tokens, logprobs, tops = tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
         return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph=used_graph)
 
@@ -135,3 +135,13 @@ class ModelRunner:
             if caches is not None:
                 shapes["kv" if g == 0 else f"kv{g}"] = tuple(caches[0].shape)
         return shapes
+
+
+def _per_sample(logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+    """One logits row per sampled token: a forking parent's one row repeated once per fork (an
+    index_select; the forward and the LM head ran once for the shared position)."""
+    counts = [len(s.samples) for s in plan.seqs if s.is_sampled]
+    if all(c == 1 for c in counts):
+        return logits
+    rows = [i for i, c in enumerate(counts) for _ in range(c)]
+    return logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))

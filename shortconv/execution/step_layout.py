@@ -59,7 +59,7 @@ def host_values(
     logits = (
         list(range(layout.seqs))  # a bucket: every row; the runner picks the live ones
         if graph
-        else [qsl[b + 1] - 1 for b, s in enumerate(seqs) if s.sampling is not None]
+        else [qsl[b + 1] - 1 for b, s in enumerate(seqs) if s.is_sampled]
     )
     w = max((cdiv(s.start_pos + s.num_tokens, page) for s in seqs), default=0)
     # NOTE: a compact table fills only [B, w] of its [B, P] field; every field but the last is

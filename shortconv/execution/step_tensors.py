@@ -34,7 +34,8 @@ class StepTensors:
     input_ids/positions [T] int64; query_start_loc int32 [B+1]; cache_indices int64 [B] (state
     slots); has_initial_state bool [B]; seq_lens int64 [B] (context after this step);
     token_seq_index int64 [T]; slot_mapping int64 [T] (flat KV row of each new token);
-    logits_indices int64 [S] (last token of sampled chunks); block_tables int32 [B, P] (each
+    logits_indices int64 [S] (last token of sampled chunks, once per chunk: the runner
+    repeats a forking parent's logits row per fork); block_tables int32 [B, P] (each
     row's pages, scratch page 0 past them, P = ceil(L / page_size)) with its `page_size`.
     The `*_cpu` tensors are host mirrors (extend steps read them). `checkpoints`: the step's
     prefix-cache checkpoints inside chunks (None on most steps, always in a captured graph).

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from serve_apps import openai_client, yaml_app
@@ -18,6 +19,12 @@ from serve_apps import openai_client, yaml_app
 MAX_N = 6
 SEATS = 4  # max_num_seqs: a request with more forks has some of them wait for a seat
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 GREEDY = {"temperature": 0.0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
 
 
@@ -107,6 +114,35 @@ def test_seeded_choices_differ_and_reproduce(svc: Service) -> None:
     texts = [c.text for c in first.choices]
     assert texts == [c.text for c in again.choices]
     assert len(set(texts)) == 4
+
+
+def test_n2_required_tool_calls_each_match_the_schema(svc: Service) -> None:
+    """`tool_choice="required"` with n=2: each choice's grammar (a matcher per fork) makes its
+    own schema-valid call; the two diverge under one seed and reproduce with it."""
+    pytest.importorskip("xgrammar")
+    kw: dict[str, Any] = {
+        "model": svc.model,
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 200,
+        "temperature": 1.0,
+        "seed": 3,
+        "n": 2,
+    }
+    first = svc.client.chat.completions.create(**kw)
+    calls = []
+    for c in first.choices:
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls or []) == 1, c
+        call = c.message.tool_calls[0].function  # type: ignore[index]
+        assert call.name == "get_weather"
+        jsonschema.validate(json.loads(call.arguments), CITY)
+        calls.append(call.arguments)
+    assert calls[0] != calls[1]
+    again = svc.client.chat.completions.create(**kw)
+    assert [c.message.tool_calls[0].function.arguments for c in again.choices] == calls  # type: ignore[index]
+    wait_idle(svc.http)
 
 
 def test_forks_wait_for_seats(svc: Service) -> None:

@@ -1,12 +1,16 @@
 """`SamplingParams.n` > 1: n forks from one prefill (engine/forks.py, CacheManager.fork).
 
-Tiny random LFM2 (short conv + full attention), ZAYA1 (CCA conv and previous-token state) and LFM3
-(sliding windows of a few 4-token pages, so a fork shares full pages, copies a partly filled one
-and drops pages behind the window) checkpoints; greedy forks are checked against the transformers
-oracle too.
+The parent computes the whole prompt once and its last position's logits row gives every fork
+its first token; each fork then copies the state after the full prompt. Tiny random LFM2 (short
+conv + full attention), ZAYA1 (CCA conv and previous-token state) and LFM3 (sliding windows of
+8 tokens over 4-token pages, so a fork shares full pages, copies a partly filled one and drops
+pages behind the window) checkpoints; greedy forks are checked against the transformers oracle
+too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 from oracle import assert_matches_oracle, oracle_greedy
@@ -21,6 +25,7 @@ from shortconv.tiny.checkpoint import build_hf_model
 
 PAGE = 4
 PROMPT = [11, 7, 300, 42, 5, 99, 123, 8, 17]  # 9 tokens: the forks copy a partly filled page
+LONG = [*PROMPT, 64, 3, 250]  # 12 tokens: a page boundary, past LFM3's window (8 tokens)
 
 
 class Model:
@@ -42,12 +47,20 @@ def model(request, tmp_path_factory) -> Model:
     return Model(request.param, tmp_path_factory.mktemp(request.param))
 
 
-def run(eng: LLMEngine, prompt: list[int], params: SamplingParams) -> list[RequestOutput]:
-    """Every fork's final output, by index; the engine holds nothing of the request after."""
+def run(
+    eng: LLMEngine,
+    prompt: list[int],
+    params: SamplingParams,
+    each_step: Callable[[], None] = lambda: None,
+) -> list[RequestOutput]:
+    """Every fork's final output, by index; the engine holds nothing of the request after.
+    `each_step` runs after every step."""
     rid = eng.add_request(prompt, params)
     done: dict[int, RequestOutput] = {}
     while eng.has_unfinished():
-        for out in eng.step():
+        outs = eng.step()
+        each_step()
+        for out in outs:
             assert out.error is None, out.error
             assert out.request_id == rid
             if out.finished:
@@ -70,10 +83,11 @@ def greedy(n: int, max_tokens: int = 8) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, n=n)
 
 
-@pytest.mark.parametrize("length", [1, 4, 9])
+@pytest.mark.parametrize("length", [1, 4, 9, 12])
 def test_greedy_forks_equal_the_single_output_and_the_oracle(model: Model, length: int) -> None:
+    """One token, one full page, a partly filled page, and a page boundary past the window."""
     eng = model.engine(enable_prefix_caching=False)
-    prompt = PROMPT[:length]
+    prompt = LONG[:length]
     forks = run(eng, prompt, greedy(4))
     (single,) = run(eng, prompt, greedy(1))
     assert [f.token_ids for f in forks] == [single.token_ids] * 4
@@ -109,15 +123,54 @@ def count_prompt_positions(eng: LLMEngine, prompt_len: int) -> list[int]:
     return counted
 
 
+def count_forward_tokens(eng: LLMEngine) -> list[int]:
+    """Counts, in test code, the tokens the model's forward computes (every step's input)."""
+    model = eng.executor.runner.model  # type: ignore[attr-defined]
+    counted = [0]
+    forward = model.forward
+
+    def counting(input_ids, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        counted[0] += input_ids.numel()
+        return forward(input_ids, *args, **kw)
+
+    model.forward = counting
+    return counted
+
+
 def test_the_prompt_is_computed_once_for_eight_forks(model: Model) -> None:
     eng = model.engine(enable_prefix_caching=False)
     prompt = PROMPT * 3  # 27 tokens
     counted = count_prompt_positions(eng, len(prompt))
+    forward = count_forward_tokens(eng)
     forks = run(eng, prompt, greedy(8, max_tokens=3))
-    # The parent computes all but the last token; each fork its own last token (its logits).
-    assert counted[0] == len(prompt) - 1 + 8
+    assert counted[0] == len(prompt)
+    # The prompt once, then each fork's tokens 1 and 2 (token 0 came from the prompt's row).
+    assert forward[0] == len(prompt) + 8 * 2
     assert eng.stats().prompt_tokens_total == len(prompt)
+    assert eng.stats().generation_tokens_total == 8 * 3
     assert len({tuple(f.token_ids) for f in forks}) == 1
+    assert_idle(eng)
+
+
+def test_a_one_token_last_chunk_samples_the_forks_in_a_graph_replay(model: Model) -> None:
+    """Chunked (4 tokens a step), the 9-token prompt ends with a one-token chunk resuming kept
+    state: a decode-shaped step, replayed in a captured graph, whose one row gives all forks
+    their first tokens."""
+    kw = {"enable_graphs": True, "graph_batch_sizes": (1, 4), "graph_context_sizes": (16, 32)}
+    eng = model.engine(enable_prefix_caching=False, max_num_batched_tokens=4, **kw)
+    execute, replayed = eng.executor.execute, []
+
+    def recording(plan):  # noqa: ANN001, ANN202
+        result = execute(plan)
+        if any(c.fork_rows for c in plan.seqs):
+            replayed.append((plan.is_decode, result.used_graph, len(result.token_ids)))
+        return result
+
+    eng.executor.execute = recording  # type: ignore[method-assign]
+    forks = run(eng, PROMPT, greedy(3))
+    assert replayed == [(True, True, 3)]
+    (single,) = run(eng, PROMPT, greedy(1))
+    assert [f.token_ids for f in forks] == [single.token_ids] * 3
     assert_idle(eng)
 
 
@@ -126,14 +179,26 @@ def test_forks_wait_for_slots_and_pages(model: Model) -> None:
     and recomputed; all finish with the single request's output."""
     eng = model.engine(max_num_seqs=2, enable_prefix_caching=False)
     (single,) = run(eng, PROMPT, greedy(1))
-    forks = run(eng, PROMPT, greedy(5))
+    waited: list[int] = []  # forks seen waiting for a seat with their first token in hand
+
+    def count_waiting() -> None:
+        waiting = eng.scheduler.waiting
+        waited.append(sum(r.parent is not None and len(r.output_token_ids) == 1 for r in waiting))
+
+    forks = run(eng, PROMPT, greedy(5), count_waiting)
+    assert max(waited) == 5 and 3 in waited  # all 5 sampled, then 3 wait while 2 decode
     assert [f.token_ids for f in forks] == [single.token_ids] * 5
     assert_idle(eng)
     tight = model.engine(max_num_seqs=4, num_kv_pages=13, enable_prefix_caching=False)
     preempt, preempted = tight.scheduler._preempt, []
-    tight.scheduler._preempt = lambda req: (preempted.append(req), preempt(req))  # type: ignore[method-assign]
+    # (the fork, the tokens it had generated): it recomputes its prompt and those tokens.
+    tight.scheduler._preempt = lambda req: (  # type: ignore[method-assign]
+        preempted.append((req, len(req.output_token_ids))),
+        preempt(req),
+    )
     forks = run(tight, PROMPT, greedy(4, max_tokens=12))
-    assert preempted and all(r.parent is not None for r in preempted)
+    assert preempted and all(r.parent is not None for r, _ in preempted)
+    assert any(generated > 1 for _, generated in preempted)
     (single,) = run(tight, PROMPT, greedy(1, max_tokens=12))
     assert [f.token_ids for f in forks] == [single.token_ids] * 4
     assert_idle(tight)
@@ -151,6 +216,22 @@ def test_abort_frees_every_fork(model: Model, steps: int) -> None:
     assert out is not None and out.finish_reason == "abort" and out.request_id == rid
     while eng.has_unfinished():
         assert all(o.request_id == other for o in eng.step())
+    assert_idle(eng)
+
+
+def test_abort_mid_decode_frees_every_fork(model: Model) -> None:
+    """Three forks decode (a few tokens each) and one waits for a seat when the request is
+    aborted: every fork ends, every slot and page (the parent's too) comes back."""
+    eng = model.engine(max_num_seqs=3)
+    rid = eng.add_request(LONG, greedy(4, max_tokens=20))
+    forks = eng.scheduler.requests[rid].forks
+    while max(len(f.output_token_ids) for f in forks) < 4:
+        assert all(o.error is None and not o.finished for o in eng.step())
+    assert sum(f.slot is not None for f in forks) == 3
+    out = eng.abort_request(rid)
+    assert out is not None and out.finish_reason == "abort"
+    assert all(f.finish_reason == "abort" for f in forks)
+    assert not eng.has_unfinished() and eng.step() == []
     assert_idle(eng)
 
 

@@ -24,7 +24,7 @@ def held(s: Scheduler) -> tuple[int, int]:
 
 
 def fake_result(plan: StepPlan, token: int = 7) -> StepResult:
-    ids = tuple(s.request_id for s in plan.seqs if s.sampling is not None)
+    ids = tuple(rid for s in plan.seqs for rid, _ in s.samples)
     n = len(ids)
     return StepResult(plan.step_id, ids, (token,) * n, (None,) * n, (None,) * n)
 
@@ -135,3 +135,31 @@ def test_preempted_request_replays_prompt_and_outputs():
     chunk = plan.seqs[0]
     assert chunk.start_pos == 0 and list(chunk.token_ids) == r.prompt_token_ids + [7, 7]
     assert chunk.sampling is not None and chunk.sampling.step == 2
+
+
+def test_a_forking_parent_samples_every_fork_from_its_last_chunk():
+    """n=3 over a 10-token prompt (a partly filled last page): the parent's chunks cover the
+    whole prompt, its last one carries one row per fork (each its own seed) and no row of its
+    own; next step each fork is a decode row at position 10 on a copy of the parent's state."""
+    s = make(budget=8, seqs=3)
+    s.add(req("a", 10, SamplingParams(temperature=1.0, max_tokens=3, n=3)))
+    first, last = run_step(s), run_step(s)
+    assert [c.num_tokens for c in (*first.seqs, *last.seqs)] == [8, 2]
+    (chunk,) = last.seqs
+    assert chunk.sampling is None and first.seqs[0].fork_rows == ()
+    assert [rid for rid, _ in chunk.fork_rows] == ["a/0", "a/1", "a/2"]
+    assert len({row.seed for _, row in chunk.fork_rows}) == 3
+    parent = s.requests["a"]
+    assert parent.status is Status.FORKING and parent.num_computed == 10
+    assert [f.output_token_ids for f in parent.forks] == [[7]] * 3
+    source = parent.slot
+    forks = run_step(s)
+    assert [(c.request_id, c.start_pos, c.token_ids) for c in forks.seqs] == [
+        (f"a/{i}", 10, (7,)) for i in range(3)
+    ]
+    assert {src for src, _ in forks.copies_before} == {source}
+    assert parent.slot is None  # copied by all: the parent's slot and pages went back
+    assert len(forks.page_copies) == 3  # each fork's copy of the partly filled page
+    while s.has_unfinished():
+        run_step(s)
+    assert held(s) == (0, 0) and not s.requests

@@ -19,6 +19,7 @@ import torch
 from grammar_schemas import INVALID, SCHEMAS, UNSUPPORTED
 
 from shortconv import LLM, SamplingParams
+from shortconv.engine.outputs import RequestOutput
 from shortconv.sampling.grammar import GrammarError, GrammarSpec
 from shortconv.sampling.grammar.schema_check import find_unsupported
 from shortconv.sampling.grammar.token_mask import apply_token_masks, unpack_bitmask
@@ -154,6 +155,22 @@ def test_constrained_and_unconstrained_rows_mix_in_one_batch(llm: LLM) -> None:
     assert isinstance(json.loads(mixed[1].text), dict)
 
 
+def test_each_fork_follows_the_grammar_with_a_matcher_of_its_own(llm: LLM) -> None:
+    """n=3 under a json_schema: the forks' first tokens are drawn from one logits row, each
+    under its own mask; they then diverge (seeded), so one shared matcher would refuse a
+    token. Every choice parses and validates."""
+    schema = SCHEMAS["array-of-objects"]
+    spec = GrammarSpec.json_schema(schema)
+    params = SamplingParams(temperature=1.0, seed=11, max_tokens=300, n=3, grammar=spec)
+    outs = llm.generate(prompts=["three answers"], sampling_params=params)
+    assert [o.index for o in outs] == [0, 1, 2]
+    for out in outs:
+        assert out.error is None and out.finish_reason == "stop", out.text
+        valid(out.text, schema)
+    assert len({o.text for o in outs}) == 3
+    assert llm.engine.grammars.num_active == 0
+
+
 def test_a_complete_grammar_ends_the_request_even_with_ignore_eos(llm: LLM) -> None:
     spec = GrammarSpec.json_schema(SCHEMAS["booleans"])
     params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True, grammar=spec)
@@ -173,28 +190,53 @@ def _run(llm: LLM, params: list[SamplingParams]) -> list:
     return [done[i] for i in ids]
 
 
-@pytest.mark.parametrize("fault", ["no-allowed-token", "token-refused"])
-def test_a_grammar_that_cannot_go_on_fails_its_request_alone(
-    llm: LLM, monkeypatch: pytest.MonkeyPatch, fault: str
-) -> None:
-    """Ends with a clear error, never a hang; slot and pages come back; the rest goes on."""
-    if fault == "no-allowed-token":
+@pytest.fixture(params=["no-allowed-token", "token-refused"])
+def grammar_fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every matcher allows no next token, or refuses every token it is given."""
+    if request.param == "no-allowed-token":
         monkeypatch.setattr(
             xgr.GrammarMatcher, "fill_next_token_bitmask", lambda self, m, i=0: m[i].zero_()
         )
     else:
         monkeypatch.setattr(xgr.GrammarMatcher, "accept_token", lambda self, t: False)
-    spec = GrammarSpec.json_schema(SCHEMAS["enum"])
-    free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    bad, ok = _run(llm, [SamplingParams(max_tokens=50, grammar=spec), free])
-    assert bad.finish_reason == "error" and "grammar" in (bad.error or "")
-    assert ok.finish_reason == "length" and len(ok.token_ids) == 6
+    return request.param
+
+
+def assert_nothing_held(llm: LLM) -> None:
     stats = llm.engine.stats()
     # NOTE: a prefix cache (when the engine has one) keeps what finished requests leave; all
     # the rest must be free.
     cached = getattr(stats, "prefix_cache_checkpoints", 0), getattr(stats, "prefix_cache_pages", 0)
     assert (stats.slots_used - cached[0], stats.kv_pages_used - cached[1]) == (0, 0)
-    assert llm.engine.grammars.num_active == 0
+    assert not llm.engine.scheduler.requests and llm.engine.grammars.num_active == 0
+
+
+def test_a_grammar_that_cannot_go_on_fails_its_request_alone(llm: LLM, grammar_fault: str) -> None:
+    """Ends with a clear error, never a hang; slot and pages come back; the rest goes on."""
+    spec = GrammarSpec.json_schema(SCHEMAS["enum"])
+    free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    bad, ok = _run(llm, [SamplingParams(max_tokens=50, grammar=spec), free])
+    assert bad.finish_reason == "error" and "grammar" in (bad.error or "")
+    assert ok.finish_reason == "length" and len(ok.token_ids) == 6
+    assert_nothing_held(llm)
+
+
+def test_a_grammar_that_cannot_go_on_fails_every_fork(llm: LLM, grammar_fault: str) -> None:
+    """n=2: no first token allowed (the parent's chunk is dropped) or each fork's first token
+    refused (each fork fails on its own): both forks end with an error, their parent's slot and
+    pages come back, and the other request goes on."""
+    spec = GrammarSpec.json_schema(SCHEMAS["enum"])
+    eng = llm.engine
+    bad = eng.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=50, n=2, grammar=spec))
+    ok = eng.add_request([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    done: dict[tuple[str, int], RequestOutput] = {}
+    while eng.has_unfinished():
+        done.update({(o.request_id, o.index): o for o in eng.step() if o.finished})
+    assert set(done) == {(bad, 0), (bad, 1), (ok, 0)}
+    for i in range(2):
+        assert done[bad, i].finish_reason == "error" and "grammar" in (done[bad, i].error or "")
+    assert done[ok, 0].finish_reason == "length"
+    assert_nothing_held(llm)
 
 
 def test_the_engine_runs_without_xgrammar_when_no_grammar_is_asked(ckpt: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from shortconv.engine.plan import SeqChunk, StepPlan
 from shortconv.sampling.grammar.compiler import GrammarCache
 from shortconv.sampling.grammar.spec import GrammarError, GrammarSpec
+from shortconv.sampling.sampling_row import SamplingRow
 
 _T = TypeVar("_T")
 
@@ -43,32 +44,33 @@ class GrammarRuntime:
         self.cache.get(spec)
 
     def attach(self, plan: StepPlan, live: Container[str]) -> tuple[StepPlan, dict[str, str]]:
-        """The plan with a token mask on each constrained sampling row, and the requests to
-        fail instead ({request id: why}), their chunks dropped: a grammar that allows no token."""
+        """The plan with a token mask on each constrained sampling row (a forking parent's
+        chunk has one per fork, each with its fork's own matcher), and the requests to fail
+        instead ({request id: why}), their rows dropped: a grammar that allows no token."""
         self._prune(live)
-        rows = [c for c in plan.seqs if c.sampling is not None and c.sampling.params.grammar]
-        if not rows:
+        wanted = [(rid, row) for c in plan.seqs for rid, row in c.samples if row.params.grammar]
+        if not wanted:
             return plan, {}
         import xgrammar as xgr
 
-        masks = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
-        for i, chunk in enumerate(rows):
-            self._matcher(chunk).fill_next_token_bitmask(masks, i)
+        masks = xgr.allocate_token_bitmask(len(wanted), self.vocab_size)
+        for i, (rid, row) in enumerate(wanted):
+            self._matcher(rid, row.params.grammar).fill_next_token_bitmask(masks, i)
         alive = masks.any(dim=1).tolist()
         words = masks.numpy()
         dead: dict[str, str] = {}
-        new: dict[str, SeqChunk] = {}
-        for i, chunk in enumerate(rows):
+        rows: dict[str, SamplingRow] = {}
+        for i, (rid, row) in enumerate(wanted):
             if not alive[i]:
-                dead[chunk.request_id] = "the output grammar allows no next token"
+                dead[rid] = "the output grammar allows no next token"
                 continue
             # NOTE: bytes, not a view of `masks`: a pickled view would carry the whole batch's
             # storage in every row when the plan crosses to a TP rank.
-            row = _with(chunk.sampling, token_mask=words[i].tobytes())
-            new[chunk.request_id] = _with(chunk, sampling=row)
-        seqs = tuple(new.get(c.request_id, c) for c in plan.seqs if c.request_id not in dead)
-        gone = {c.slot for c in plan.seqs if c.request_id in dead}
-        copies = tuple(p for p in plan.copies_after if p[0] not in gone)
+            rows[rid] = _with(row, token_mask=words[i].tobytes())
+        gone = {c.request_id for c in plan.seqs if _all_dead(c, dead)}
+        seqs = tuple(_masked(c, rows, dead) for c in plan.seqs if c.request_id not in gone)
+        slots = {c.slot for c in plan.seqs if c.request_id in gone}
+        copies = tuple(p for p in plan.copies_after if p[0] not in slots)
         return dataclasses.replace(plan, seqs=seqs, copies_after=copies), dead
 
     def accept(self, request_id: str, token: int, done: bool) -> bool:
@@ -89,20 +91,38 @@ class GrammarRuntime:
     def release(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
 
-    def _matcher(self, chunk: SeqChunk) -> Any:
-        m = self._matchers.get(chunk.request_id)
+    def _matcher(self, request_id: str, spec: GrammarSpec) -> Any:
+        m = self._matchers.get(request_id)
         if m is None:
             import xgrammar as xgr
 
-            spec = chunk.sampling.params.grammar  # type: ignore[union-attr]
             m = xgr.GrammarMatcher(self.cache.get(spec))
-            self._matchers[chunk.request_id] = m
+            self._matchers[request_id] = m
         return m
 
     def _prune(self, live: Container[str]) -> None:
         """Matchers of requests that ended without a last `accept` (aborted, failed, length)."""
         for rid in [r for r in self._matchers if r not in live]:
             del self._matchers[rid]
+
+
+def _all_dead(chunk: SeqChunk, dead: Container[str]) -> bool:
+    """Every request that samples from `chunk` is to fail (a forking parent's chunk runs while
+    any of its forks lives)."""
+    if chunk.fork_rows:
+        return all(rid in dead for rid, _ in chunk.fork_rows)
+    return chunk.request_id in dead
+
+
+def _masked(chunk: SeqChunk, rows: dict[str, SamplingRow], dead: Container[str]) -> SeqChunk:
+    """`chunk` with its masked rows, a forking parent's without its dead forks' rows."""
+    if chunk.sampling is not None:
+        row = rows.get(chunk.request_id)
+        return chunk if row is None else _with(chunk, sampling=row)
+    if not chunk.fork_rows:
+        return chunk
+    forks = tuple((rid, rows.get(rid, row)) for rid, row in chunk.fork_rows if rid not in dead)
+    return _with(chunk, fork_rows=forks)
 
 
 def _with(obj: _T, **changes: Any) -> _T:

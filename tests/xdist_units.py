@@ -24,7 +24,16 @@ import pytest
 UNIT_A, UNIT_B = "ray-a", "ray-b"
 RAY_A = frozenset(
     f"test_serve_{name}.py"
-    for name in ("yaml", "structured", "responses", "openai_api", "forks", "prefix_routing", "tp")
+    for name in (
+        "yaml",
+        "structured",
+        "responses",
+        "openai_api",
+        "forks",
+        "prefix_routing",
+        "tp",
+        "metrics",
+    )
 )
 _STARTS_RAY = re.compile(
     r"serve_run\(|yaml_app\(|private_ray\(|reliability_helpers|ray\.init\(|serve\.run\("

@@ -172,25 +172,21 @@ def test_preempted_image_request_encodes_again(case: Case) -> None:
     assert sorted(k for p in plans for k in p.encoder_frees) == sorted(encoded)
 
 
-def test_images_are_refused_where_they_would_be_wrong(case: Case) -> None:
-    """Prefix caching keys on token ids alone for now: an image request is refused (naming
-    the field) rather than served from another image's state."""
+def test_n_above_one_with_images_is_refused(case: Case) -> None:
+    """Forks copy the parent's state but carry no images: n > 1 is refused with them (naming
+    the field) rather than decoding forks without their image. (Prefix caching and sessions
+    serve images: tests/models/test_lfm2_vl_kept_state.py.)"""
     from shortconv import LLM
 
     ids, batch, images = case.request([("user", [UNTILED, "What is this?"])])
     llm = LLM(model=case.path, dtype="float32")  # prefix caching on
-    with pytest.raises(InvalidRequest, match="enable_prefix_caching=False") as err:
-        llm.generate(prompt_token_ids=[ids], images=[engine_images(images, batch)])
-    assert err.value.param == "images" and not llm.engine.has_unfinished()
-    # Forks copy the parent's state but carry no images: n > 1 is refused with them.
-    plain = LLM(model=case.path, dtype="float32", enable_prefix_caching=False)
     with pytest.raises(InvalidRequest, match="n > 1") as err:
-        plain.generate(
+        llm.generate(
             prompt_token_ids=[ids],
             sampling_params=SamplingParams(max_tokens=2, n=2),
             images=[engine_images(images, batch)],
         )
-    assert err.value.param == "n" and not plain.engine.has_unfinished()
+    assert err.value.param == "n" and not llm.engine.has_unfinished()
 
 
 @pytest.mark.parametrize("size", [(20, 24), (64, 40)], ids=["untiled", "tiled"])

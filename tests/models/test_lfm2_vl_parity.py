@@ -3,14 +3,12 @@ fed identically to both (tests/vision_inputs.py says why they are built, not pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
 import torch
-from oracle import OracleRun, assert_matches_oracle
+from oracle import assert_matches_oracle
 from triton_path import force_triton_path
-from vision_inputs import Image, engine_images, hf_greedy, pixels, prompt
+from vision_inputs import Image, engine_images, vision_case
+from vision_inputs import VisionCase as Case
 
 from shortconv import SamplingParams
 from shortconv.configs.config import EngineConfig
@@ -18,7 +16,6 @@ from shortconv.engine.images import ImageInput
 from shortconv.engine.plan import StepPlan
 from shortconv.llm import build_engine
 from shortconv.sampling.sampling_params import InvalidRequest
-from shortconv.tiny.vision import build_tokenizer, make_tiny_lfm2_vl
 
 MAX_NEW = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -28,27 +25,9 @@ TILED = Image.tiled(1, 2, (4, 8))  # two 4-token tiles and an 8-token thumbnail
 TALL = Image.tiled(2, 1, (8, 4))
 
 
-@dataclass
-class Case:
-    path: Path
-    hf: torch.nn.Module
-    tok: object
-
-    def request(self, turns, seed: int = 0) -> tuple[list[int], dict | None, list[Image]]:
-        ids, images = prompt(self.tok, turns)
-        return ids, (pixels(images, seed) if images else None), images
-
-    def oracle(self, ids: list[int], batch: dict | None) -> OracleRun:
-        return hf_greedy(self.hf, ids, batch, MAX_NEW)
-
-
 @pytest.fixture(scope="module")
 def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
-    from transformers import Lfm2VlForConditionalGeneration
-
-    path = make_tiny_lfm2_vl(tmp_path_factory.mktemp("lfm2_vl"), seed=3)
-    hf = Lfm2VlForConditionalGeneration.from_pretrained(path).eval()
-    return Case(path, hf, build_tokenizer(1024))
+    return vision_case(tmp_path_factory.mktemp("lfm2_vl"), MAX_NEW)
 
 
 def run(

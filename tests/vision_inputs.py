@@ -10,7 +10,7 @@ tile, a thumbnail after the tiles). The model under test gets them exactly as th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -134,8 +134,8 @@ class VisionCase:
     """The tiny LFM2-VL checkpoint, transformers' model of it (the oracle) and its tokenizer."""
 
     path: Path
-    hf: torch.nn.Module
-    tok: object
+    hf: torch.nn.Module = field(repr=False)
+    tok: object = field(repr=False)
     max_new: int
 
     def request(self, turns, seed: int = 0) -> tuple[list[int], dict | None, list[Image]]:

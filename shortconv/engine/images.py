@@ -94,6 +94,10 @@ class PlacedImage:
         return self.spans[0][0]
 
     @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.spans)
+
+    @property
     def end(self) -> int:
         pos, n = self.spans[-1]
         return pos + n

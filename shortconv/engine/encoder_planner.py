@@ -6,10 +6,10 @@ under a key unique to this engine) until the chunk that reaches its last token h
 chunked prefill may split one image's tokens across steps without encoding it twice. A request
 that is preempted, aborted or finished lets its entries go; recomputing it encodes again.
 
-The step budget counts encoder work (`fit`): the chunk that encodes an image pays its token
-count on top of the chunk's own tokens, and a chunk that cannot afford an image ends before its
-first token, so an image's encoding and its tokens' prefill land in different steps rather than
-one step doing both (and a step decoding streams stays within its prefill cap).
+The step budget counts encoder work (`fit`): the chunk that encodes an image pays the image's
+token count on top of its own tokens, shortened to afford it or ending before the image's first
+token, so a step's prompt tokens and encoder work together stay within what the scheduler gives
+it (a step with decoding streams: its prefill cap).
 """
 
 from __future__ import annotations

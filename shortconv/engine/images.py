@@ -4,8 +4,9 @@ and what a step plan carries to encode them and to place their embeddings.
 A request's prompt holds the image placeholder tokens already expanded (as transformers'
 processor expands them); each image brings its tiles (the rows of the processor's
 `pixel_values`) and their patch grids (`spatial_shapes`). An image fills, in order, the next
-`num_tokens` placeholders of the prompt. The token budget counts an image's placeholders as
-prompt tokens (they are), so a step's encoder work grows with its prompt tokens.
+`num_tokens` placeholders of the prompt. The step budget counts an image's placeholders as
+prompt tokens (they are) and, in the chunk that encodes it, its token count again for the
+encoder's work (`engine.encoder_planner`).
 
 Kept state (prefix-cache checkpoints, a session's turns) is keyed by a request's key stream
 (`key_stream`): its prompt with every placeholder of an image replaced by that image's digest (a

@@ -100,7 +100,7 @@ class LLM:
             raise ValueError(f"got images for {len(per_prompt)} prompts, not {len(token_lists)}")
         for toks, p, imgs in zip(token_lists, params, per_prompt, strict=True):
             self.engine.validate(toks, p)
-            self.engine.place_images(toks, imgs, None, p.n)
+            self.engine.place_images(toks, imgs, p.n)
         ids = [
             self.engine.add_request(t, p, images=i)
             for t, p, i in zip(token_lists, params, per_prompt, strict=True)

@@ -10,13 +10,14 @@ tile, a thumbnail after the tiles). The model under test gets them exactly as th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from oracle import OracleRun
 
 from shortconv.engine.images import ImageInput
-from shortconv.tiny.vision import IMAGE_PROCESSOR
+from shortconv.tiny.vision import IMAGE_PROCESSOR, build_tokenizer, make_tiny_lfm2_vl
 
 PATCH = IMAGE_PROCESSOR["encoder_patch_size"]
 FACTOR = IMAGE_PROCESSOR["downsample_factor"]
@@ -54,20 +55,36 @@ def image_tokens(tok, image: Image) -> list[int]:
     return out + [ids("<|image_end|>")]
 
 
+def turn(tok, role: str, parts: list[str | Image]) -> tuple[list[int], list[Image]]:
+    """One ChatML turn of text and images → its token ids (images expanded) and its images."""
+    ids, images = tok.encode(f"<|im_start|>{role}\n", add_special_tokens=False), []
+    for part in parts:
+        if isinstance(part, Image):
+            ids += image_tokens(tok, part)
+            images.append(part)
+        else:
+            ids += tok.encode(part, add_special_tokens=False)
+    return ids + tok.encode("<|im_end|>\n", add_special_tokens=False), images
+
+
 def prompt(tok, turns: list[tuple[str, list[str | Image]]]) -> tuple[list[int], list[Image]]:
     """ChatML turns of text and images → token ids (images expanded) and the images in order."""
     ids, images = [tok.bos_token_id], []
     for role, parts in turns:
-        ids += tok.encode(f"<|im_start|>{role}\n", add_special_tokens=False)
-        for part in parts:
-            if isinstance(part, Image):
-                ids += image_tokens(tok, part)
-                images.append(part)
-            else:
-                ids += tok.encode(part, add_special_tokens=False)
-        ids += tok.encode("<|im_end|>\n", add_special_tokens=False)
+        more, found = turn(tok, role, parts)
+        ids, images = ids + more, images + found
     ids += tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
     return ids, images
+
+
+def follow_up(
+    tok, ids: list[int], answer: list[int], parts: list[str | Image]
+) -> tuple[list[int], list[Image]]:
+    """The next turn's prompt: `ids`, the generated `answer`, its end, a new user turn."""
+    more, images = turn(tok, "user", parts)
+    end = tok.encode("<|im_end|>\n", add_special_tokens=False)
+    start = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    return ids + answer + end + more + start, images
 
 
 def pixels(images: list[Image], seed: int) -> dict[str, torch.Tensor]:
@@ -110,3 +127,29 @@ def hf_greedy(model, ids: list[int], batch: dict[str, torch.Tensor] | None, n: i
         top2 = torch.topk(logits[0].float(), 2).values
         margins.append(float(top2[0] - top2[1]))
     return OracleRun(tokens, margins)
+
+
+@dataclass
+class VisionCase:
+    """The tiny LFM2-VL checkpoint, transformers' model of it (the oracle) and its tokenizer."""
+
+    path: Path
+    hf: torch.nn.Module = field(repr=False)
+    tok: object = field(repr=False)
+    max_new: int
+
+    def request(self, turns, seed: int = 0) -> tuple[list[int], dict | None, list[Image]]:
+        """Token ids, the processor's tensors (None without images) and the images."""
+        ids, images = prompt(self.tok, turns)
+        return ids, (pixels(images, seed) if images else None), images
+
+    def oracle(self, ids: list[int], batch: dict | None) -> OracleRun:
+        return hf_greedy(self.hf, ids, batch, self.max_new)
+
+
+def vision_case(out_dir: Path, max_new: int) -> VisionCase:
+    from transformers import Lfm2VlForConditionalGeneration
+
+    path = make_tiny_lfm2_vl(out_dir, seed=3)
+    hf = Lfm2VlForConditionalGeneration.from_pretrained(path).eval()
+    return VisionCase(path, hf, build_tokenizer(1024), max_new)

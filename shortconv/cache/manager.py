@@ -45,6 +45,7 @@ class Holder(Protocol):
     request_id: str
     session_id: str | None
     prompt_token_ids: list[int]
+    prompt_key_ids: list[int]  # what the tree keys: the prompt, images as digests (engine.images)
     output_token_ids: list[int]
     slot: int | None
     pages: list[int]  # KV group 0 (full attention)
@@ -57,6 +58,9 @@ class Holder(Protocol):
 
     @property
     def all_token_ids(self) -> list[int]: ...
+
+    @property
+    def all_key_ids(self) -> list[int]: ...
 
 
 @dataclass
@@ -175,11 +179,11 @@ class CacheManager:
 
     def _lookup(self, req: Holder) -> CacheHit | None:
         if self.prefix_caching:
-            return self.tree.match(req.all_token_ids)
+            return self.tree.match(req.all_key_ids)
         sid = req.session_id
         if sid is None or sid not in self.sessions:
             return None
-        return self.tree.match(req.all_token_ids, lambda e: self.sessions.holds(sid, e))
+        return self.tree.match(req.all_key_ids, lambda e: self.sessions.holds(sid, e))
 
     def _count_lookup(self, req: Holder) -> None:
         """Count an admitted request's lookup (a request that waits is not counted per pass)."""
@@ -249,7 +253,7 @@ class CacheManager:
         plen = len(req.prompt_token_ids)
         for q, slot in req.pending_ckpts:
             # NOTE: checkpoints are at prompt positions only (q <= len(prompt)).
-            entry = self.tree.insert(req.prompt_token_ids[:q], req.pages, slot, req.window_pages)
+            entry = self.tree.insert(req.prompt_key_ids[:q], req.pages, slot, req.window_pages)
             if q == plen and req.session_id is not None:
                 req.prompt_entry = entry
         req.pending_ckpts.clear()
@@ -263,7 +267,7 @@ class CacheManager:
         n = req.num_computed
         keep = self.prefix_caching or req.session_id is not None
         if completed and keep and req.slot is not None and n:
-            entry = self.tree.insert(req.all_token_ids[:n], req.pages, req.slot, req.window_pages)
+            entry = self.tree.insert(req.all_key_ids[:n], req.pages, req.slot, req.window_pages)
             req.slot = None
             if req.session_id is not None:
                 self.sessions.keep(req.session_id, [entry, req.prompt_entry])

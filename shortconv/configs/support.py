@@ -34,9 +34,6 @@ def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
         )
     head_shard(cfg.num_heads, cfg.num_kv_heads, tp_size)  # refuses heads that cannot split
     dims = {"vocab_size": cfg.vocab_size}
-    if cfg.arch == "lfm2_vl" and tp_size > 1:
-        # NOTE: the vision encoder is replicated, untested across ranks: refused, not guessed.
-        raise ConfigError(f"lfm2_vl supports tp_size=1 only for now, got tp_size={tp_size}")
     if cfg.arch in ("lfm2", "lfm2_moe", "lfm3", "lfm2_vl"):
         dims["conv channels (hidden_size)"] = cfg.hidden_size
         dims["intermediate_size"] = cfg.intermediate_size

@@ -5,6 +5,11 @@ An image is encoded by the first chunk that reaches one of its tokens and kept (
 under a key unique to this engine) until the chunk that reaches its last token has run, so
 chunked prefill may split one image's tokens across steps without encoding it twice. A request
 that is preempted, aborted or finished lets its entries go; recomputing it encodes again.
+
+The step budget counts encoder work (`fit`): the chunk that encodes an image pays the image's
+token count on top of its own tokens, shortened to afford it or ending before the image's first
+token, so a step's prompt tokens and encoder work together stay within what the scheduler gives
+it (a step with decoding streams: its prefill cap).
 """
 
 from __future__ import annotations
@@ -47,6 +52,28 @@ class EncoderPlanner:
             if image.end <= end:
                 self._frees.append(req.encoder_keys.pop(i))
         return tuple(slices)
+
+    def fit(self, req: Request, start: int, n: int, budget: int) -> tuple[int, int]:
+        """`req`'s chunk [start, start + n) cut so its tokens and the encoder work of the images
+        it encodes (each image's token count) fit `budget`: (tokens, budget taken). An image
+        the chunk starts in (its first token, or a resume inside it) is encoded whatever it
+        costs, with at least one token; a later one shortens the chunk to pay for it, or ends it
+        before its first token when even that does not fit (images are in prompt order)."""
+        work = 0
+        for i, image in enumerate(req.images):
+            if i in req.encoder_keys or image.end <= start or image.start >= start + n:
+                continue
+            if image.start <= start:
+                work += image.num_tokens
+                n = max(1, min(n, budget - work))
+            elif n + work + image.num_tokens > budget:
+                room = budget - work - image.num_tokens  # the chunk's tokens if it encodes it
+                if room <= image.start - start:
+                    return image.start - start, image.start - start + work  # end before it
+                n, work = room, work + image.num_tokens
+            else:
+                work += image.num_tokens
+        return n, n + work
 
     def release(self, req: Request) -> None:
         """`req` no longer needs its kept images (finished, aborted or preempted)."""

@@ -4,12 +4,20 @@ and what a step plan carries to encode them and to place their embeddings.
 A request's prompt holds the image placeholder tokens already expanded (as transformers'
 processor expands them); each image brings its tiles (the rows of the processor's
 `pixel_values`) and their patch grids (`spatial_shapes`). An image fills, in order, the next
-`num_tokens` placeholders of the prompt. The token budget counts an image's placeholders as
-prompt tokens (they are), so a step's encoder work grows with its prompt tokens.
+`num_tokens` placeholders of the prompt. The step budget counts an image's placeholders as
+prompt tokens (they are) and, in the chunk that encodes it, its token count again for the
+encoder's work (`engine.encoder_planner`).
+
+Kept state (prefix-cache checkpoints, a session's turns) is keyed by a request's key stream
+(`key_stream`): its prompt with every placeholder of an image replaced by that image's digest (a
+negative id, so it never equals a token). A checkpoint's key then names every image it covers,
+from the image's first token on, so a checkpoint inside an image is as sound as one after it: the
+same image hits and a different image behind the same text misses at its first placeholder.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -75,19 +83,46 @@ class ImageInput:
 
 @dataclass(frozen=True)
 class PlacedImage:
-    """An image and the prompt runs `(position, length)` its tokens replace, in order."""
+    """An image, the prompt runs `(position, length)` its tokens replace, in order, and the
+    digest of its content that stands for its tokens in the key stream."""
 
     image: ImageInput
     spans: tuple[tuple[int, int], ...]
+    digest: int
 
     @property
     def start(self) -> int:
         return self.spans[0][0]
 
     @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.spans)
+
+    @property
     def end(self) -> int:
         pos, n = self.spans[-1]
         return pos + n
+
+
+def image_digest(image: ImageInput) -> int:
+    """A negative id from the sha256 of the image's pixels (bytes, dtype, shape) and patch grids:
+    equal for the same processor output, different (but for a 2**-63 chance) otherwise."""
+    pixels = image.pixel_values.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{pixels.dtype}{tuple(pixels.shape)}{image.spatial_shapes}".encode())
+    h.update(pixels.view(torch.uint8).numpy().tobytes())
+    return -1 - int.from_bytes(h.digest()[:8], "little") // 2
+
+
+def key_stream(prompt: list[int], images: Sequence[PlacedImage]) -> list[int]:
+    """`prompt` with each image's placeholders replaced by its digest (`prompt` itself without
+    images): what prefix-cache checkpoints and session resumes are keyed by."""
+    if not images:
+        return prompt
+    keys = list(prompt)
+    for image in images:
+        for pos, n in image.spans:
+            keys[pos : pos + n] = [image.digest] * n
+    return keys
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:
@@ -116,7 +151,8 @@ def place_images(
         )
     placed, used = [], 0
     for image, n in zip(images, need, strict=True):
-        placed.append(PlacedImage(image, tuple(_runs(slots[used : used + n]))))
+        spans = tuple(_runs(slots[used : used + n]))
+        placed.append(PlacedImage(image, spans, image_digest(image)))
         used += n
     return tuple(placed)
 

@@ -113,20 +113,14 @@ class LLMEngine:
         self,
         prompt_token_ids: list[int],
         images: Sequence[ImageInput],
-        session_id: str | None,
         n: int = 1,
     ) -> tuple[PlacedImage, ...]:
-        """Each image's placeholders in the prompt, or InvalidRequest naming what is wrong."""
+        """Each image's placeholders in the prompt, or InvalidRequest naming what is wrong.
+        (Kept state is keyed by each image's digest too: `engine.images.key_stream`.)"""
         if not images:
             return ()
         if self.image_spec is None:
             raise InvalidRequest(f"{self.model_cfg.arch} is a text-only model", "images")
-        # NOTE: checkpoints are keyed by token ids alone: a different image behind the same
-        # placeholders would hit. Until image hashes key them, images skip kept state.
-        if self.engine_cfg.enable_prefix_caching or session_id is not None:
-            raise InvalidRequest(
-                "images need enable_prefix_caching=False and no session for now", "images"
-            )
         if n > 1:  # forks copy the parent's state but not its images (engine.forks)
             raise InvalidRequest("n > 1 with images is not supported yet", "n")
         return place_images(prompt_token_ids, images, self.image_spec)
@@ -144,7 +138,7 @@ class LLMEngine:
         `images` fill the prompt's image placeholders in order (engine.images)."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
-        placed = self.place_images(prompt_token_ids, images, session_id, params.n)
+        placed = self.place_images(prompt_token_ids, images, params.n)
         n = next(self._ids)
         rid = request_id if request_id is not None else f"req-{n}"
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from shortconv.cache.prefix_cache import CacheEntry
-from shortconv.engine.images import PlacedImage
+from shortconv.engine.images import PlacedImage, key_stream
 from shortconv.engine.outputs import FinishReason
 from shortconv.sampling.sampling_params import SamplingParams
 
@@ -55,10 +55,21 @@ class Request:
     parent: Request | None = None  # a fork: its parent request
     forks: list[Request] = field(default_factory=list)  # a parent: its forks, by index
     source: Request | None = None  # a fork not admitted yet: the parent whose state it copies
+    # Kept state's key: the prompt with each image's placeholders as its digest (engine.images).
+    prompt_key_ids: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_key_ids = key_stream(self.prompt_token_ids, self.images)
 
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def all_key_ids(self) -> list[int]:
+        """What prefix-cache checkpoints and session resumes are keyed by (`all_token_ids` with
+        images as their digests)."""
+        return self.prompt_key_ids + self.output_token_ids
 
     @property
     def num_tokens(self) -> int:

@@ -158,14 +158,16 @@ class Scheduler:
         self, reqs: list[Request], budget: int, chunks: dict[str, SeqChunk], copies: StepCopies
     ) -> int:
         """Plan the next chunk of each running request in `reqs` within `budget`, preempting
-        the latest admitted request when pages run out; returns the tokens planned."""
+        the latest admitted request when pages run out; returns the budget taken (tokens, and
+        the encoder work of images: `EncoderPlanner.fit`)."""
         used = 0
         for req in reqs:
             while req.status is Status.RUNNING and used < budget:
                 n = min(req.num_tokens - req.num_computed, budget - used)
+                n, cost = self._fit(req, n, budget - used)
                 if self.cache_manager.grow(req, req.num_computed + n):
                     chunks[req.request_id] = self._chunk(req, n, copies)
-                    used += n
+                    used += cost
                     break
                 victim = self.running[-1]  # NOTE: may be `req` itself: then it waits
                 self._preempt(victim)
@@ -181,12 +183,19 @@ class Scheduler:
                 n = self.cache_manager.admit(req, budget, copies)
             if not n:
                 break
+            n, cost = self._fit(req, n, budget)
             req.status = Status.RUNNING
             self.waiting.popleft()
             self.running.append(req)
             chunks[req.request_id] = self._chunk(req, n, copies)
-            budget -= n
+            budget -= cost
             self._copied_from(req)
+
+    def _fit(self, req: Request, n: int, budget: int) -> tuple[int, int]:
+        """(tokens, budget taken) of req's next chunk of at most n tokens."""
+        if not req.images:
+            return n, n
+        return self.encoder.fit(req, req.num_computed, n, budget)
 
     def _chunk(self, req: Request, n: int, copies: StepCopies) -> SeqChunk:
         start = req.num_computed

@@ -3,14 +3,12 @@ fed identically to both (tests/vision_inputs.py says why they are built, not pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
 import torch
-from oracle import OracleRun, assert_matches_oracle
+from oracle import assert_matches_oracle
 from triton_path import force_triton_path
-from vision_inputs import Image, engine_images, hf_greedy, pixels, prompt
+from vision_inputs import Image, engine_images, vision_case
+from vision_inputs import VisionCase as Case
 
 from shortconv import SamplingParams
 from shortconv.configs.config import EngineConfig
@@ -18,7 +16,6 @@ from shortconv.engine.images import ImageInput
 from shortconv.engine.plan import StepPlan
 from shortconv.llm import build_engine
 from shortconv.sampling.sampling_params import InvalidRequest
-from shortconv.tiny.vision import build_tokenizer, make_tiny_lfm2_vl
 
 MAX_NEW = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -28,27 +25,9 @@ TILED = Image.tiled(1, 2, (4, 8))  # two 4-token tiles and an 8-token thumbnail
 TALL = Image.tiled(2, 1, (8, 4))
 
 
-@dataclass
-class Case:
-    path: Path
-    hf: torch.nn.Module
-    tok: object
-
-    def request(self, turns, seed: int = 0) -> tuple[list[int], dict | None, list[Image]]:
-        ids, images = prompt(self.tok, turns)
-        return ids, (pixels(images, seed) if images else None), images
-
-    def oracle(self, ids: list[int], batch: dict | None) -> OracleRun:
-        return hf_greedy(self.hf, ids, batch, MAX_NEW)
-
-
 @pytest.fixture(scope="module")
 def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
-    from transformers import Lfm2VlForConditionalGeneration
-
-    path = make_tiny_lfm2_vl(tmp_path_factory.mktemp("lfm2_vl"), seed=3)
-    hf = Lfm2VlForConditionalGeneration.from_pretrained(path).eval()
-    return Case(path, hf, build_tokenizer(1024))
+    return vision_case(tmp_path_factory.mktemp("lfm2_vl"), MAX_NEW)
 
 
 def run(
@@ -172,25 +151,21 @@ def test_preempted_image_request_encodes_again(case: Case) -> None:
     assert sorted(k for p in plans for k in p.encoder_frees) == sorted(encoded)
 
 
-def test_images_are_refused_where_they_would_be_wrong(case: Case) -> None:
-    """Prefix caching keys on token ids alone for now: an image request is refused (naming
-    the field) rather than served from another image's state."""
+def test_n_above_one_with_images_is_refused(case: Case) -> None:
+    """Forks copy the parent's state but carry no images: n > 1 is refused with them (naming
+    the field) rather than decoding forks without their image. (Prefix caching and sessions
+    serve images: tests/models/test_lfm2_vl_kept_state.py.)"""
     from shortconv import LLM
 
     ids, batch, images = case.request([("user", [UNTILED, "What is this?"])])
     llm = LLM(model=case.path, dtype="float32")  # prefix caching on
-    with pytest.raises(InvalidRequest, match="enable_prefix_caching=False") as err:
-        llm.generate(prompt_token_ids=[ids], images=[engine_images(images, batch)])
-    assert err.value.param == "images" and not llm.engine.has_unfinished()
-    # Forks copy the parent's state but carry no images: n > 1 is refused with them.
-    plain = LLM(model=case.path, dtype="float32", enable_prefix_caching=False)
     with pytest.raises(InvalidRequest, match="n > 1") as err:
-        plain.generate(
+        llm.generate(
             prompt_token_ids=[ids],
             sampling_params=SamplingParams(max_tokens=2, n=2),
             images=[engine_images(images, batch)],
         )
-    assert err.value.param == "n" and not plain.engine.has_unfinished()
+    assert err.value.param == "n" and not llm.engine.has_unfinished()
 
 
 @pytest.mark.parametrize("size", [(20, 24), (64, 40)], ids=["untiled", "tiled"])

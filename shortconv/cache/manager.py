@@ -45,7 +45,6 @@ class Holder(Protocol):
     request_id: str
     session_id: str | None
     prompt_token_ids: list[int]
-    prompt_key_ids: list[int]  # what the tree keys: the prompt, images as digests (engine.images)
     output_token_ids: list[int]
     slot: int | None
     pages: list[int]  # KV group 0 (full attention)
@@ -58,6 +57,9 @@ class Holder(Protocol):
 
     @property
     def all_token_ids(self) -> list[int]: ...
+
+    @property
+    def prompt_key_ids(self) -> list[int]: ...  # the tree's key: images as digests (engine.images)
 
     @property
     def all_key_ids(self) -> list[int]: ...

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -88,7 +89,6 @@ class PlacedImage:
 
     image: ImageInput
     spans: tuple[tuple[int, int], ...]
-    digest: int
 
     @property
     def start(self) -> int:
@@ -102,6 +102,12 @@ class PlacedImage:
     def end(self) -> int:
         pos, n = self.spans[-1]
         return pos + n
+
+    @cached_property
+    def digest(self) -> int:
+        """Computed on first use: only kept state (prefix caching, sessions) reads it, and a
+        sha256 over every pixel is not free on the engine loop."""
+        return image_digest(self.image)
 
 
 def image_digest(image: ImageInput) -> int:
@@ -151,8 +157,7 @@ def place_images(
         )
     placed, used = [], 0
     for image, n in zip(images, need, strict=True):
-        spans = tuple(_runs(slots[used : used + n]))
-        placed.append(PlacedImage(image, spans, image_digest(image)))
+        placed.append(PlacedImage(image, tuple(_runs(slots[used : used + n]))))
         used += n
     return tuple(placed)
 

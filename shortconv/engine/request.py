@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from shortconv.cache.prefix_cache import CacheEntry
 from shortconv.engine.images import PlacedImage, key_stream
@@ -55,11 +56,12 @@ class Request:
     parent: Request | None = None  # a fork: its parent request
     forks: list[Request] = field(default_factory=list)  # a parent: its forks, by index
     source: Request | None = None  # a fork not admitted yet: the parent whose state it copies
-    # Kept state's key: the prompt with each image's placeholders as its digest (engine.images).
-    prompt_key_ids: list[int] = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.prompt_key_ids = key_stream(self.prompt_token_ids, self.images)
+    @cached_property
+    def prompt_key_ids(self) -> list[int]:
+        """Kept state's key: the prompt with each image's placeholders as its digest
+        (engine.images); built on first use, by the cache manager's lookups and checkpoints."""
+        return key_stream(self.prompt_token_ids, self.images)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -27,7 +27,7 @@ IDLE_KEYS = ("num_running", "num_waiting", "num_active_requests", "slots_used", 
 # Fault-injection knobs, recognised by faulty_engine through the request's seed.
 POISON_SEED = 666_001  # this request's third token raises inside the engine (one request fails)
 SLOW_SEED = 666_002  # while this request runs, every engine step sleeps SLOW_STEP_S
-SLOW_STEP_S = 0.15
+SLOW_STEP_S = 0.4  # 120 steps outlast test_reliability_faults' request_timeout_s
 FAULT_LOG_ENV = "SCSV_FAULT_LOG"  # file the factory appends one line to per preemption
 FAULT_KV_PAGES_ENV = "SCSV_FAULT_KV_PAGES"
 FAULT_KV_PAGE_SIZE = 8

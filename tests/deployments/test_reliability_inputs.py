@@ -21,8 +21,6 @@ from reliability_helpers import SESSION_HEADER, serve_app, sse_data
 from deployments.app import deployment_options, parse_args
 from deployments.model_source import resolve_model
 
-pytestmark = pytest.mark.timeout(300)
-
 MODEL = "tiny-lfm2"
 KEY = "sk-reliability-test"
 AUTH = {"authorization": f"Bearer {KEY}"}

@@ -29,8 +29,6 @@ from reliability_helpers import (
     wait_idle,
 )
 
-pytestmark = pytest.mark.timeout(300)
-
 SOAK_S = 60.0  # docs/reliability.md's number; the whole module stays under 3 minutes on 2 cores
 CLIENTS = 64
 REPLICAS = 2

@@ -24,8 +24,6 @@ from reliability_helpers import REPLICA_HEADER, replica_stats, wait_for
 from deployments.app import ROUTING_STATS_PERIOD_S
 from deployments.serve_run import serve_run
 
-pytestmark = pytest.mark.timeout(300)
-
 MODEL = "tiny-lfm2"
 SYSTEM = "".join(f"rule {i:03d}: answer briefly. " for i in range(23))[:512]
 NUM_REQUESTS = 16

@@ -35,8 +35,6 @@ from workers.cpu_threads import threads_for  # noqa: E402
 from workers.local_executor import LocalExecutor  # noqa: E402
 from workers.ray_executor import RayExecutor  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
-
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
 PROMPTS = [[5, 9, 13], [7, 8, 40, 41, 42, 43, 44, 45, 46, 47, 48], [100, 3, 77, 250, 19, 2], [11]]
 # 8 query / 2 KV heads: one KV head per rank at TP=2, each replicated on two ranks at TP=4.

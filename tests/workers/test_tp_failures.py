@@ -28,8 +28,6 @@ from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
 from workers.ray_executor import RayExecutor  # noqa: E402
 from workers.ray_runtime import acquire_runtime, release_runtime  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
-
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[5, 9, 13, 20], [7, 8]]
 DETECT_WITHIN_S = 30.0

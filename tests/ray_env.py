@@ -17,6 +17,16 @@ from deployments.serve_run import (
 )
 
 
+def model_cache(base: Path) -> Path:
+    """The XDG cache of one test worker (`base`: its pytest base temp): `model: null` builds the
+    tiny checkpoints into it once per worker instead of once per module (each is built in a temp
+    dir and renamed into place, so replicas and modules sharing it never see half a checkpoint).
+    """
+    path = base / "xdg-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @contextmanager
 def private_ray(
     prefix: str, env_vars: dict[str, str] | None = None, num_cpus: float = 4, **init: Any

@@ -54,11 +54,11 @@ def serve_app(
 ) -> Iterator[str]:
     """Run `deployments.app` with `args` on a private Ray runtime; yields the base URL."""
     from ray import serve
-    from ray_env import free_port, private_ray  # not at module level: replicas import this file
+    from ray_env import free_port, model_cache, private_ray  # not at module level: replicas
 
     from deployments.app import build_app, parse_args
 
-    env_vars = {"XDG_CACHE_HOME": str(tmp / "cache"), **(env or {})}
+    env_vars = {"XDG_CACHE_HOME": str(model_cache(tmp.parent)), **(env or {})}
     with private_ray("scrl-", env_vars, num_cpus=num_cpus):
         try:
             port = free_port()

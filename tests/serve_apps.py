@@ -10,6 +10,7 @@ from typing import Any
 import openai
 import pytest
 import yaml
+from ray_env import model_cache
 
 from deployments.serve_run import serve_run
 
@@ -22,7 +23,7 @@ def yaml_app(name: str, tmp_path_factory: pytest.TempPathFactory, **args: Any) -
     URL. Each app gets a cache of its own (the tiny checkpoint is built into it)."""
     config = yaml.safe_load((ROOT / "deployments" / f"{name}.yaml").read_text())
     config["applications"][0]["args"].update(args)
-    env = {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg-cache"))}
+    env = {"XDG_CACHE_HOME": str(model_cache(tmp_path_factory.getbasetemp()))}
     with serve_run(config, 240.0, env=env) as (url, _):
         yield url
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from prom_server import PromServer, free_port, prometheus_binary
-from ray_env import private_ray
+from ray_env import model_cache, private_ray
 from reliability_helpers import REPLAY_FAILURES, replay_failing_engine
 
 from deployments.app import build_app, deployment_options, parse_args
@@ -51,7 +51,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     pytest.importorskip("ray")
     from ray import serve
 
-    cache = tmp_path_factory.mktemp("cache")
+    cache = model_cache(tmp_path_factory.getbasetemp())
     metrics_port, http_port = free_port(), free_port()
     env = {"XDG_CACHE_HOME": str(cache)}
     # NOTE: workers push metrics to the node's agent every interval; 1 s keeps the test short.

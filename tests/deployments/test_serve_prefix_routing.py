@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from ray_env import model_cache
 from reliability_helpers import REPLICA_HEADER, replica_stats, wait_for
 
 from deployments.app import ROUTING_STATS_PERIOD_S
@@ -46,7 +47,7 @@ def app(name: str, prefix: str, caching: bool, replicas: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = {"applications": [app("on", "/", True, 2), app("off", "/off", False, 1)]}
-    env = {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache"))}
+    env = {"XDG_CACHE_HOME": str(model_cache(tmp_path_factory.getbasetemp()))}
     with serve_run(config, timeout_s=240, env=env) as (url, _log):
         wait_for(lambda: _ok(f"{url}/off/v1/models"), 120, "the caching-off app")
         yield url

@@ -23,7 +23,7 @@ import openai
 import pytest
 import ray
 from ray import serve
-from ray_env import free_port, private_ray
+from ray_env import free_port, model_cache, private_ray
 from reliability_helpers import wait_for
 
 from deployments.app import build_app, parse_args
@@ -59,7 +59,7 @@ class Service:
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    cache = tmp_path_factory.mktemp("cache")
+    cache = model_cache(tmp_path_factory.getbasetemp())
     target = tmp_path_factory.mktemp("scale") / "target"
     target.write_text("1")
     with private_ray("scsv-", {"XDG_CACHE_HOME": str(cache)}):

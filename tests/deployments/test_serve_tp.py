@@ -17,7 +17,7 @@ import httpx
 import pytest
 import ray
 from ray import serve
-from ray_env import free_port, private_ray
+from ray_env import free_port, model_cache, private_ray
 
 from deployments.app import build_app, parse_args
 
@@ -57,7 +57,7 @@ def tp_worker_pids() -> list[int]:
 
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    cache = tmp_path_factory.mktemp("cache")
+    cache = model_cache(tmp_path_factory.getbasetemp())
     with private_ray("scsv-tp-", {"XDG_CACHE_HOME": str(cache)}):
         try:
             port = free_port()

@@ -205,6 +205,34 @@ def test_tp_session_resume_equals_tp1(group: Group, tp: int) -> None:
         assert_same_greedy(a, b)
 
 
+@TP
+def test_tp_forks_equal_tp1(group: Group, tp: int) -> None:
+    """n = 3 from one prefill: the parent's last chunk samples one row per fork on rank 0, and
+    every rank copies the parent's state for each fork alike (one fork, plus a plain request
+    to share the steps). Greedy forks equal the plain request's tokens at TP=1."""
+    group.executor(tp)  # skips a TP size the arch is not checked at
+    forked = replace(GREEDY, n=3)
+    outs: dict[int, dict[str, RequestOutput]] = {}
+    for size in (1, tp):
+        engine, done = group.engine(size), {}
+        engine.add_request(PROMPTS[1], forked, request_id="fork")
+        engine.add_request(PROMPTS[2], GREEDY, request_id="plain")
+        while engine.has_unfinished():
+            for out in engine.step():
+                assert out.error is None, out.error
+                if out.finished:
+                    done[f"{out.request_id}/{out.index}"] = out
+        engine.flush_prefix_cache()
+        assert (engine.stats().slots_used, engine.stats().kv_pages_used) == (0, 0)
+        outs[size] = done
+    solo = drive(group.engine(1), {0: [PROMPTS[1]]})["step0-0"]
+    assert sorted(outs[tp]) == sorted(outs[1]) == ["fork/0", "fork/1", "fork/2", "plain/0"]
+    for key, ref in outs[1].items():
+        assert_same_greedy(outs[tp][key], ref)
+        if key.startswith("fork"):
+            assert ref.token_ids == solo.token_ids
+
+
 # Hand-computed per-rank state shapes of the tiny checkpoints (engine_config: 9 + 7 slots,
 # 32 pages of 8 tokens). LFM2: 64 channels, head_dim 8, 4 conv and 2 attention layers of 6.
 # LFM2-MoE: 4 query / 2 KV heads (head_dim 16), 2 conv and 2 attention layers.

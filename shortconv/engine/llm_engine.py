@@ -157,7 +157,7 @@ class LLMEngine:
                     self.tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens
                 )
         if self.metrics is not None:
-            self.metrics.request_added(rid)
+            self.metrics.request_added(rid, params.n)
         return rid
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shortconv.engine.outputs import FinishReason
@@ -52,6 +53,16 @@ def step_phase(plan: StepPlan) -> str:
     return "decode" if decode == len(plan.seqs) else "extend" if decode == 0 else "mixed"
 
 
+@dataclass
+class _Timing:
+    """One live request's clock: its arrival, its forks not yet ended, each fork's last token."""
+
+    arrival: float
+    open: int
+    started: bool = False
+    last: dict[int, float] = field(default_factory=dict)
+
+
 class MetricsRecorder:
     """Engine events -> sink updates (module docstring); engine thread only. `graph_stats`
     returns the graph runner's cumulative counters, or None where there are none."""
@@ -65,8 +76,7 @@ class MetricsRecorder:
     ) -> None:
         self.sink, self.pools, self._clock = sink, initial.pools, clock
         self._graph_stats = graph_stats or (lambda: None)
-        self._arrival: dict[str, float] = {}
-        self._last_token: dict[str, float] = {}
+        self._live: dict[str, _Timing] = {}
         self._ttft: list[float] = []
         self._itl: list[float] = []
         self._e2e: list[float] = []
@@ -75,27 +85,39 @@ class MetricsRecorder:
             sink.create(metric, labels)
         self.record(initial)
 
-    def request_added(self, request_id: str) -> None:  # O(1), no sink call (so is `token`)
-        self._arrival[request_id] = self._clock()
+    def request_added(self, request_id: str, n: int = 1) -> None:  # O(1), no sink call
+        self._live[request_id] = _Timing(self._clock(), n)
 
     def request_dropped(self, request_id: str) -> None:
-        self._arrival.pop(request_id, None)
-        self._last_token.pop(request_id, None)
+        self._live.pop(request_id, None)
 
-    def token(self, request_id: str, now: float, finished: bool, normal: bool = True) -> None:
-        """One new token at `now`; `normal` marks a stop/length finish (counted in e2e)."""
-        last = self._last_token.get(request_id)
-        arrival = self._arrival.get(request_id)
+    def token(
+        self, request_id: str, index: int, now: float, finished: bool, normal: bool = True
+    ) -> None:
+        """Fork `index`'s new token at `now`; `normal` marks a stop/length finish. TTFT is the
+        request's first token (of any fork), ITL each fork's own gaps, e2e the request's last
+        fork finishing normally (as vLLM counts a request with n > 1)."""
+        timing = self._live.get(request_id)
+        if timing is None:
+            return
+        last = timing.last.pop(index, None)
         if last is not None:
             self._itl.append(now - last)
-        elif arrival is not None:
-            self._ttft.append(now - arrival)
-        if finished:
-            if normal and arrival is not None:
-                self._e2e.append(now - arrival)
-            self.request_dropped(request_id)
-        else:
-            self._last_token[request_id] = now
+        elif not timing.started:
+            self._ttft.append(now - timing.arrival)
+            timing.started = True
+        if not finished:
+            timing.last[index] = now
+        elif self._fork_ended(request_id, timing) and normal:
+            self._e2e.append(now - timing.arrival)
+
+    def _fork_ended(self, request_id: str, timing: _Timing) -> bool:
+        """One fork ended (finished or failed); True when it was the request's last."""
+        timing.open -= 1
+        if timing.open > 0:
+            return False
+        del self._live[request_id]
+        return True
 
     def step_done(
         self, stats: EngineStats, plan: StepPlan, outputs: Sequence[RequestOutput], seconds: float
@@ -104,10 +126,13 @@ class MetricsRecorder:
         now = self._clock()
         for out in outputs:
             if out.error is not None:  # the step failed: no token was produced
-                self.request_dropped(out.request_id)
+                timing = self._live.get(out.request_id)
+                if timing is not None:
+                    timing.last.pop(out.index, None)
+                    self._fork_ended(out.request_id, timing)
             else:
                 normal = out.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-                self.token(out.request_id, now, out.finished, normal)
+                self.token(out.request_id, out.index, now, out.finished, normal)
         self.sink.observe(_STEP, {"phase": step_phase(plan)}, (seconds,))
         self.record(stats)
 

@@ -92,9 +92,11 @@ def _plan(*rows: tuple[int, int]) -> SimpleNamespace:
     return SimpleNamespace(seqs=seqs)
 
 
-def _out(rid: str, reason: str | None = None, error: str | None = None) -> SimpleNamespace:
+def _out(
+    rid: str, reason: str | None = None, error: str | None = None, index: int = 0
+) -> SimpleNamespace:
     return SimpleNamespace(
-        request_id=rid, finish_reason=reason, error=error, finished=reason is not None
+        request_id=rid, index=index, finish_reason=reason, error=error, finished=reason is not None
     )
 
 
@@ -208,15 +210,36 @@ def test_request_timings_and_step_phases() -> None:
         frozenset({("phase", "decode")}): [0.2],
         frozenset({("phase", "mixed")}): [0.1],
     }
-    assert rec._arrival == {} and rec._last_token == {}  # nothing leaks per request
+    assert rec._live == {}  # nothing leaks per request
+
+
+def test_forks_time_their_own_gaps_and_the_request_once() -> None:
+    """n = 3: the forks' first tokens come in one step (one prefill); TTFT is counted once, ITL
+    per fork (never the 0 s between two forks of one step), e2e once, at the last fork's end."""
+    sink, clock = FakeSink(), Clock()
+    rec = MetricsRecorder(sink, IDLE, clock=clock)
+    rec.request_added("f", n=3)
+    clock.t = 0.5
+    rec.step_done(IDLE, _plan((4, 0)), [_out("f", index=i) for i in range(3)], 0.4)
+    clock.t = 0.75  # fork 1 stops; fork 2 fails (a grammar fault): no token, no interval
+    outs = [_out("f", index=0), _out("f", "stop", index=1), _out("f", error="x", index=2)]
+    rec.step_done(IDLE, _plan((1, 4), (1, 4), (1, 4)), outs, 0.2)
+    assert rec._live["f"].open == 1
+    clock.t = 1.0
+    rec.step_done(IDLE, _plan((1, 5)), [_out("f", "length", index=0)], 0.2)
+    ttft = sink.samples[("shortconv_time_to_first_token_seconds", frozenset())]
+    itl = sink.samples[("shortconv_inter_token_latency_seconds", frozenset())]
+    e2e = sink.samples[("shortconv_e2e_request_latency_seconds", frozenset())]
+    assert (ttft, itl, e2e) == ([0.5], [0.25, 0.25, 0.25], [1.0])
+    assert rec._live == {}
 
 
 def test_dropped_request_leaves_no_state() -> None:
     rec = MetricsRecorder(FakeSink(), IDLE, clock=Clock())
-    rec.request_added("x")
-    rec.token("x", 0.1, finished=False)
+    rec.request_added("x", n=2)
+    rec.token("x", 0, 0.1, finished=False)
     rec.request_dropped("x")
-    assert rec._arrival == {} and rec._last_token == {}
+    assert rec._live == {}
 
 
 def test_step_phase_matches_plan_is_decode() -> None:

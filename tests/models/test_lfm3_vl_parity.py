@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 from lfm3_vl_inputs import Lfm3VlCase, Pic, Request, lfm3_vl_case
 from oracle import assert_matches_oracle
+from triton_path import force_triton_path
 
 from shortconv import SamplingParams
 from shortconv.configs.config import EngineConfig
+from shortconv.engine.plan import StepPlan
 from shortconv.llm import build_engine
 
 MAX_NEW = 8
@@ -61,3 +63,67 @@ def test_the_image_changes_the_answer(case: Lfm3VlCase) -> None:
     b = case.request([("user", [Pic(20, 44, seed=7), "What is this?"])])
     assert a.ids == b.ids and case.oracle(a).tokens != case.oracle(b).tokens
     check(case, [a, b])
+
+
+def test_two_images_of_different_sizes_and_aspect_ratios(case: Lfm3VlCase) -> None:
+    req = case.request([("user", [TALL, "and", SQUARE, "differ how?"])])
+    assert req.batch is not None and req.batch["image_grid_thw"].tolist() == [[1, 10, 4], [1, 8, 8]]
+    check(case, [req])
+
+
+def test_image_in_a_later_turn(case: Lfm3VlCase) -> None:
+    turns = [("user", ["Hi there."]), ("assistant", ["Hello!"]), ("user", [TALL, "Now this?"])]
+    check(case, [case.request(turns)])
+
+
+def test_batch_mixing_image_and_text_requests(case: Lfm3VlCase) -> None:
+    requests = [
+        case.request([("user", ["Only text here."])]),
+        case.request([("user", [WIDE, "One image."])]),
+        case.request([("user", ["Two:", SQUARE, TALL])]),
+        case.request([("user", ["More text, a longer one this time."])]),
+    ]
+    check(case, requests)
+
+
+def test_image_tokens_cross_chunk_boundaries(case: Lfm3VlCase) -> None:
+    """A 7-token budget splits each image over several chunks (next to decodes of the other
+    request); each image is still encoded once, in the step of its first chunk."""
+    requests = [
+        case.request([("user", [SQUARE, "Describe."])]),
+        case.request([("user", ["Two:", WIDE, TALL])]),
+    ]
+    plans: list[StepPlan] = []
+    check(case, requests, budget=7, plans=plans)
+    encoded = [e.key for p in plans for e in p.encoder_inputs]
+    assert len(encoded) == len(set(encoded)) == 3
+    assert [s for p in plans for seq in p.seqs for s in seq.images if s.src > 0], "split images"
+    assert sorted(k for p in plans for k in p.encoder_frees) == sorted(encoded)
+
+
+def test_triton_path_no_sdpa(case: Lfm3VlCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The single-image case on the GPU path under the interpreter: Triton attention and no
+    SDPA anywhere, the vision encoder's included. The oracle runs first (it uses SDPA)."""
+    req = case.request([("user", [WIDE, "What is this?"])])
+    ref = case.oracle(req)
+    pytest.importorskip("triton")
+    calls = force_triton_path(monkeypatch)
+    (out,) = run(case, [req], budget=9)
+    assert_matches_oracle(out, ref, "triton")
+    assert calls["paged_attention_extend_triton"] and calls["paged_attention_decode_triton"]
+
+
+def test_video_outputs_are_refused(case: Lfm3VlCase) -> None:
+    """Only images: the processor's video tensors are refused, naming the field."""
+    from shortconv.engine.images import GridImageInput
+    from shortconv.sampling.sampling_params import InvalidRequest
+
+    req = case.request([("user", [WIDE, "What is this?"])])
+    assert req.batch is not None
+    video = {
+        "pixel_values_videos": req.batch["pixel_values"],
+        "video_grid_thw": req.batch["image_grid_thw"],
+    }
+    with pytest.raises(InvalidRequest, match="video") as err:
+        GridImageInput.split(req.batch | video)
+    assert err.value.param == "images"

@@ -1,6 +1,7 @@
 """LFM3-VL with kept state: a prefix-cache hit on the same image, a miss on another image
-behind the same text (also under Triton), and a session's next turn, each greedy-equal to
-transformers' `generate` on the whole prompt (tests/lfm3_vl_inputs.py makes the requests)."""
+behind the same text (also under Triton), a resume inside an image, and a session's next
+turn, each greedy-equal to transformers' `generate` on the whole prompt
+(tests/lfm3_vl_inputs.py makes the requests)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from triton_path import force_triton_path
 from vision_engine import KeptStateEngine, Served
 
 from shortconv import SamplingParams
+from shortconv.engine.images import key_stream
 
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -67,6 +69,27 @@ def test_prefix_cache_under_triton(case: Lfm3VlCase, monkeypatch: pytest.MonkeyP
     calls = force_triton_path(monkeypatch)
     hit_and_miss(case, Engine(case, budget=16))
     assert calls["paged_attention_extend_triton"] and calls["paged_attention_decode_triton"]
+
+
+def test_a_hit_inside_an_image_encodes_it(case: Lfm3VlCase) -> None:
+    """Only a checkpoint inside the image is left (the deeper ones discarded): the resumed
+    request encodes the image and takes its rows from the resume point on."""
+    eng = Engine(case)
+    req = case.request([("user", [Pic(20, 44, seed=4), "What is this?"])])
+    start = req.ids.index(case.hf.config.image_token_id)
+    eng.serve(req)
+    inner = (start // 8 + 1) * 8
+    assert start < inner < start + 12
+    tree = eng.eng.scheduler.cache_manager.tree
+    keys = key_stream(req.ids, eng.eng.place_images(req.ids, req.images))
+    for q in range(len(keys), inner, -1):
+        entry = tree.find(keys[:q])
+        if entry is not None:
+            tree.discard(entry)
+    resumed = eng.serve(req)
+    assert (resumed.cached, resumed.encoded) == (inner, 1)
+    mid = [s for p in eng.plans[-MAX_NEW:] for seq in p.seqs for s in seq.images]
+    assert mid and mid[0].src == inner - start, "the rows from the resume point on"
 
 
 @pytest.mark.parametrize("new_image", [False, True], ids=["text", "new-image"])

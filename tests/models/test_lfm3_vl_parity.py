@@ -108,6 +108,22 @@ def test_image_tokens_cross_chunk_boundaries(case: Lfm3VlCase) -> None:
     assert sorted(k for p in plans for k in p.encoder_frees) == sorted(encoded)
 
 
+def test_preempted_image_request_encodes_again(case: Lfm3VlCase) -> None:
+    """Too few KV pages for both prompts: one is preempted mid-prompt and recomputed, its
+    image encoded again under a new key, and both still match the oracle."""
+    requests = [
+        case.request([("user", [SQUARE, "Describe."])]),
+        case.request([("user", [WIDE, SQUARE])]),
+    ]
+    # 55 and 60 tokens with the answers: 9 pages of 8 hold one, not both.
+    assert [len(r.ids) for r in requests] == [47, 52]
+    plans: list[StepPlan] = []
+    check(case, requests, budget=16, plans=plans, num_kv_pages=10, kv_page_size=8)
+    encoded = [e.key for p in plans for e in p.encoder_inputs]
+    assert len(encoded) > 3, "a preempted request re-encodes its images"
+    assert sorted(k for p in plans for k in p.encoder_frees) == sorted(encoded)
+
+
 def test_triton_path_no_sdpa(case: Lfm3VlCase, monkeypatch: pytest.MonkeyPatch) -> None:
     """The single-image case on the GPU path under the interpreter: Triton attention and no
     SDPA anywhere, the vision encoder's included. The oracle runs first (it uses SDPA)."""

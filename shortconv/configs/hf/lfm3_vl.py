@@ -106,17 +106,18 @@ def _hf_config(raw: dict[str, Any]) -> Any:
 
 
 def _single(value: Any, what: str) -> int:
-    """patch sizes may be written as a pair; the encoder takes square ones."""
+    """A patch size may be written as a pair; the encoder takes equal ones."""
     if isinstance(value, (list, tuple)):
         if len(set(value)) != 1:
-            raise ConfigError(f"LFM3-VL vision {what} {list(value)} is not supported (not square)")
+            raise ConfigError(f"LFM3-VL vision {what} {list(value)} is not supported (not equal)")
         value = value[0]
     return int(value)
 
 
 def _vision(c: Any) -> Lfm3VisionConfig:
     v = c.vision_config
-    patch, temporal = _single(v.patch_size, "patch_size"), _single(v.temporal_patch_size, "tps")
+    patch = _single(v.patch_size, "patch_size")
+    temporal = _single(v.temporal_patch_size, "temporal_patch_size")
     return Lfm3VisionConfig(
         hidden_size=int(v.hidden_size),
         intermediate_size=int(v.intermediate_size),

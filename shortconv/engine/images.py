@@ -2,11 +2,11 @@
 and what a step plan carries to encode them and to place their embeddings.
 
 A request's prompt holds the image placeholder tokens already expanded (as transformers'
-processor expands them); each image brings its tiles (the rows of the processor's
-`pixel_values`) and their patch grids (`spatial_shapes`). An image fills, in order, the next
-`num_tokens` placeholders of the prompt. The step budget counts an image's placeholders as
-prompt tokens (they are) and, in the chunk that encodes it, its token count again for the
-encoder's work (`engine.encoder_planner`).
+processor expands them); each image brings its part of the processor's tensors, in the kind its
+model takes (`engine.image_inputs`: LFM2-VL's tiles or LFM3-VL's patch rows and grid). An
+image fills, in order, the next `num_tokens` placeholders of the prompt. The step budget counts
+an image's placeholders as prompt tokens (they are) and, in the chunk that encodes it, its token
+count again for the encoder's work (`engine.encoder_planner`).
 
 Kept state (prefix-cache checkpoints, a session's turns) is keyed by a request's key stream
 (`key_stream`): its prompt with every placeholder of an image replaced by that image's digest (a
@@ -18,68 +18,51 @@ same image hits and a different image behind the same text misses at its first p
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
 from shortconv.configs.config import ModelConfig
-from shortconv.configs.hf.lfm2_vl import vision_config
+from shortconv.configs.hf import lfm2_vl, lfm3_vl
+from shortconv.engine.image_inputs import AnyImage, GridImageInput, ImageInput
 from shortconv.sampling.sampling_params import InvalidRequest
+
+# NOTE: re-exported: the engine, the tests and the request path import the kinds from here.
+__all__ = [
+    "AnyImage",
+    "EncoderInput",
+    "GridImageInput",
+    "ImageInput",
+    "ImageSlice",
+    "ImageSpec",
+    "PlacedImage",
+    "image_digest",
+    "key_stream",
+    "place_images",
+]
 
 
 @dataclass(frozen=True)
 class ImageSpec:
-    """What the engine needs of a vision model: the placeholder id and the downsampling."""
+    """What the engine needs of a vision model: the placeholder id, the downsampling of a patch
+    grid into tokens, and the kind of image its processor makes."""
 
     image_token_id: int
     downsample_factor: int
+    kind: type[ImageInput] | type[GridImageInput] = ImageInput
 
     @staticmethod
     def of(cfg: ModelConfig) -> ImageSpec | None:
         """None for a text-only architecture."""
-        if cfg.arch != "lfm2_vl":
-            return None
-        v = vision_config(cfg.raw)
-        return ImageSpec(v.image_token_id, v.downsample_factor)
-
-
-@dataclass(frozen=True)
-class ImageInput:
-    """One image as transformers' image processor returns it: `pixel_values` `[tiles,
-    max_patches, channels * p * p]` and each tile's patch grid `(h, w)`; a tile's first h * w
-    rows are its patches (the rest is padding, as `pixel_attention_mask` marks)."""
-
-    pixel_values: torch.Tensor
-    spatial_shapes: tuple[tuple[int, int], ...]
-
-    def num_tokens(self, factor: int) -> int:
-        return sum((h // factor) * (w // factor) for h, w in self.spatial_shapes)
-
-    @staticmethod
-    def split(
-        outputs: Mapping[str, torch.Tensor], tiles_per_image: Sequence[int]
-    ) -> list[ImageInput]:
-        """The processor's batched outputs (`pixel_values`, `spatial_shapes`, and
-        `pixel_attention_mask`, checked against them) → one ImageInput per image."""
-        pixels, shapes = outputs["pixel_values"], outputs["spatial_shapes"].tolist()
-        mask = outputs.get("pixel_attention_mask")
-        if sum(tiles_per_image) != len(pixels):
-            msg = f"{len(pixels)} tiles in pixel_values, {sum(tiles_per_image)} in the images"
-            raise InvalidRequest(msg, "images")
-        images, start = [], 0
-        for n in tiles_per_image:
-            grids = tuple((int(h), int(w)) for h, w in shapes[start : start + n])
-            if mask is not None:
-                real = mask[start : start + n].sum(-1).tolist()
-                if real != [h * w for h, w in grids]:
-                    raise InvalidRequest(
-                        "pixel_attention_mask disagrees with spatial_shapes", "images"
-                    )
-            images.append(ImageInput(pixels[start : start + n], grids))
-            start += n
-        return images
+        if cfg.arch == "lfm2_vl":
+            v = lfm2_vl.vision_config(cfg.raw)
+            return ImageSpec(v.image_token_id, v.downsample_factor, ImageInput)
+        if cfg.arch == "lfm3_vl":
+            w = lfm3_vl.vision_config(cfg.raw)
+            return ImageSpec(w.image_token_id, w.merge, GridImageInput)
+        return None
 
 
 @dataclass(frozen=True)
@@ -87,7 +70,7 @@ class PlacedImage:
     """An image, the prompt runs `(position, length)` its tokens replace, in order, and the
     digest of its content that stands for its tokens in the key stream."""
 
-    image: ImageInput
+    image: AnyImage
     spans: tuple[tuple[int, int], ...]
 
     @property
@@ -110,11 +93,12 @@ class PlacedImage:
         return image_digest(self.image)
 
 
-def image_digest(image: ImageInput) -> int:
-    """A negative id from the sha256 of the image's pixels (bytes, dtype, shape) and patch grids:
-    equal for the same processor output, different (but for a 2**-63 chance) otherwise."""
+def image_digest(image: AnyImage) -> int:
+    """A negative id from the sha256 of the image's pixels (bytes, dtype, shape) and patch grids
+    (`spatial_shapes` or `image_grid_thw`): equal for the same processor output, different (but
+    for a 2**-63 chance) otherwise."""
     pixels = image.pixel_values.detach().cpu().contiguous()
-    h = hashlib.sha256(f"{pixels.dtype}{tuple(pixels.shape)}{image.spatial_shapes}".encode())
+    h = hashlib.sha256(f"{pixels.dtype}{tuple(pixels.shape)}{image.grids}".encode())
     h.update(pixels.view(torch.uint8).numpy().tobytes())
     return -1 - int.from_bytes(h.digest()[:8], "little") // 2
 
@@ -141,15 +125,24 @@ def _runs(positions: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def _check_image(image: AnyImage, spec: ImageSpec) -> None:
+    f = spec.downsample_factor
+    if not isinstance(image, spec.kind):
+        raise InvalidRequest(f"this model takes {spec.kind.__name__}s as images", "images")
+    if any(g[-2] % f or g[-1] % f for g in image.grids):
+        raise InvalidRequest(f"an image's patch grid is not a multiple of {f}", "images")
+    if any(len(g) == 3 and g[0] != 1 for g in image.grids):
+        raise InvalidRequest("video inputs are not supported (an image has one frame)", "images")
+
+
 def place_images(
-    prompt: Sequence[int], images: Sequence[ImageInput], spec: ImageSpec
+    prompt: Sequence[int], images: Sequence[AnyImage], spec: ImageSpec
 ) -> tuple[PlacedImage, ...]:
     """Assign each image its placeholders, or refuse a prompt whose count does not match."""
     slots = [i for i, t in enumerate(prompt) if t == spec.image_token_id]
     f = spec.downsample_factor
     for image in images:
-        if any(h % f or w % f for h, w in image.spatial_shapes):
-            raise InvalidRequest(f"an image's patch grid is not a multiple of {f}", "images")
+        _check_image(image, spec)
     need = [image.num_tokens(f) for image in images]
     if sum(need) != len(slots):
         raise InvalidRequest(
@@ -178,4 +171,4 @@ class EncoderInput:
     """An image a step encodes, kept in the runner's encoder cache under `key`."""
 
     key: int
-    image: ImageInput
+    image: AnyImage

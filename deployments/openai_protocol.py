@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -174,10 +175,28 @@ class CompletionRequest(_SamplingFields):
             raise APIError("best_of must be 1", param="best_of")
 
 
+class ImageURL(BaseModel):
+    """An `image_url` part's object. `detail` is accepted and ignored: the checkpoint's own
+    processor decides an image's resolution (LFM2-VL and LFM3-VL have no low/high mode)."""
+
+    model_config = _STRICT
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image of a chat request: its URL and the request field a refusal names."""
+
+    url: str
+    param: str
 
 
 class ChatMessage(BaseModel):
@@ -188,9 +207,9 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCallIn] | None = None  # assistant turns
     tool_call_id: str | None = None  # tool turns
 
-    def template_dict(self, index: int) -> dict[str, Any]:
+    def template_dict(self, index: int, text: bool = True) -> dict[str, Any]:
         """The message as the chat template sees it (text content, call arguments parsed)."""
-        msg: dict[str, Any] = {"role": self.role, "content": self.text(index)}
+        msg: dict[str, Any] = {"role": self.role, "content": self.text(index) if text else None}
         if self.tool_calls:
             if self.role != "assistant":
                 where = f"messages.{index}.tool_calls"
@@ -203,15 +222,45 @@ class ChatMessage(BaseModel):
     def text(self, index: int) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        parts = []
-        for part in self.content:
-            if part.type != "text" or part.text is None:
-                raise APIError(
-                    f"content part of type {part.type!r} is not supported (text only)",
-                    param=f"messages.{index}.content",
-                )
-            parts.append(part.text)
-        return "".join(parts)
+        texts = []
+        for j, part in enumerate(self.content):
+            one = self._part(index, j, part)
+            if "url" in one:  # NOTE: chat requests with images take the multimodal path
+                where = f"messages.{index}.content.{j}"
+                raise APIError(f"{where}: images are not accepted here", param=where)
+            texts.append(one["text"])
+        return "".join(texts)
+
+    def images(self, index: int) -> list[ImageRef]:
+        """The message's image parts, in order."""
+        if not isinstance(self.content, list):
+            return []
+        parts = [(j, self._part(index, j, p)) for j, p in enumerate(self.content)]
+        where = f"messages.{index}.content"
+        return [ImageRef(p["url"], f"{where}.{j}.image_url") for j, p in parts if "url" in p]
+
+    def multimodal_dict(self, index: int) -> dict[str, Any]:
+        """The message for a processor's chat template: content as text and image parts (an
+        image part as `{"type": "image"}`: the processor is handed the images themselves)."""
+        listed = isinstance(self.content, list)
+        msg = self.template_dict(index, text=not listed)
+        if listed:
+            parts = [self._part(index, j, p) for j, p in enumerate(self.content)]
+            msg["content"] = [{"type": "image"} if "url" in p else p for p in parts]
+        return msg
+
+    @staticmethod
+    def _part(index: int, j: int, part: ContentPart) -> dict[str, str]:
+        """A text part as `{"type": "text", "text"}`, an image part as `{"url"}`; else a 400."""
+        where = f"messages.{index}.content.{j}"
+        if part.type == "text" and part.text is not None:
+            return {"type": "text", "text": part.text}
+        if part.type == "image_url":
+            if part.image_url is None:
+                raise APIError(f"{where}.image_url: required", param=f"{where}.image_url")
+            return {"url": part.image_url.url}
+        msg = f"{where}: content part of type {part.type!r} is not supported (text, image_url)"
+        raise APIError(msg, param=f"{where}.type")
 
 
 class ChatCompletionRequest(_SamplingFields, ChatIgnoredFields):
@@ -247,6 +296,13 @@ class ChatCompletionRequest(_SamplingFields, ChatIgnoredFields):
 
     def chat_messages(self) -> list[dict[str, Any]]:
         return [m.template_dict(i) for i, m in enumerate(self.messages)]
+
+    def image_refs(self) -> list[ImageRef]:
+        """Every image of the conversation, in order (none: the text-only path)."""
+        return [ref for i, m in enumerate(self.messages) for ref in m.images(i)]
+
+    def multimodal_messages(self) -> list[dict[str, Any]]:
+        return [m.multimodal_dict(i) for i, m in enumerate(self.messages)]
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template takes them (OpenAI's shape, as vLLM passes them)."""

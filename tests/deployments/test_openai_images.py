@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from image_server import data_url, image_bytes, image_server
 
+from deployments.chat_images import ChatImages
 from deployments.image_limits import ImageLimits
 from deployments.openai_errors import APIError
 from deployments.openai_images import ImageLoader
@@ -160,3 +163,24 @@ def test_limits_defaults_and_no_file_scheme() -> None:
     assert (d.fetch_timeout_s, d.max_redirects, d.schemes) == (10.0, 3, ("data", "http", "https"))
     with pytest.raises(ValueError):
         ImageLimits.model_validate({"schemes": ["file"]})
+
+
+def test_a_text_only_model_refuses_images_before_fetching() -> None:
+    req = chat("http://127.0.0.1:9/never-fetched.png")
+    for images in (
+        ChatImages(LIMITS, None),
+        ChatImages.for_engine(SimpleNamespace(image_spec=None), LIMITS),
+    ):
+        with pytest.raises(APIError) as info:
+            asyncio.run(images.prompt(req, req.image_refs(), None))
+        assert info.value.param == "messages.0.content.1.image_url"
+        assert "text only" in info.value.message
+
+
+def test_a_processor_that_cannot_load_refuses_images_saying_why(tmp_path: Path) -> None:
+    engine = SimpleNamespace(image_spec=object(), model_dir=tmp_path)  # no processor there
+    images = ChatImages.for_engine(engine, LIMITS)
+    req = chat(data_url(PNG))
+    with pytest.raises(APIError) as info:
+        asyncio.run(images.prompt(req, req.image_refs(), None))
+    assert "cannot preprocess images" in info.value.message and info.value.status == 400

@@ -67,7 +67,7 @@ class AppArgs(EngineArgs):
 
     model: str | None = None
     served_model_name: str | None = None
-    tiny_arch: Literal["lfm2", "lfm2_moe", "lfm3", "zaya1", "lfm2_vl"] = "zaya1"
+    tiny_arch: Literal["lfm2", "lfm2_moe", "lfm3", "zaya1", "lfm2_vl", "lfm3_vl"] = "zaya1"
     tp_size: int = Field(1, ge=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"

@@ -34,7 +34,7 @@ def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
         )
     head_shard(cfg.num_heads, cfg.num_kv_heads, tp_size)  # refuses heads that cannot split
     dims = {"vocab_size": cfg.vocab_size}
-    if cfg.arch in ("lfm2", "lfm2_moe", "lfm3", "lfm2_vl"):
+    if cfg.arch in ("lfm2", "lfm2_moe", "lfm3", "lfm2_vl", "lfm3_vl"):
         dims["conv channels (hidden_size)"] = cfg.hidden_size
         dims["intermediate_size"] = cfg.intermediate_size
     if cfg.num_experts:

@@ -2,11 +2,14 @@
 and what a step plan carries to encode them and to place their embeddings.
 
 A request's prompt holds the image placeholder tokens already expanded (as transformers'
-processor expands them); each image brings its tiles (the rows of the processor's
-`pixel_values`) and their patch grids (`spatial_shapes`). An image fills, in order, the next
-`num_tokens` placeholders of the prompt. The step budget counts an image's placeholders as
-prompt tokens (they are) and, in the chunk that encodes it, its token count again for the
-encoder's work (`engine.encoder_planner`).
+processor expands them); each image brings its part of the processor's tensors: LFM2-VL's tiles
+(`ImageInput`: rows of `pixel_values` and their `spatial_shapes`) or LFM3-VL's patch rows and
+`image_grid_thw` (`GridImageInput`). Both say how many tokens they make (`num_tokens`), what
+patch grids they cover (`grids`, in the digest) and how a step's images batch for the model's
+`encode_images` (`batch`); nothing else in the engine tells them apart. An image fills, in
+order, the next `num_tokens` placeholders of the prompt. The step budget counts an image's
+placeholders as prompt tokens (they are) and, in the chunk that encodes it, its token count
+again for the encoder's work (`engine.encoder_planner`).
 
 Kept state (prefix-cache checkpoints, a session's turns) is keyed by a request's key stream
 (`key_stream`): its prompt with every placeholder of an image replaced by that image's digest (a
@@ -25,24 +28,8 @@ from functools import cached_property
 import torch
 
 from shortconv.configs.config import ModelConfig
-from shortconv.configs.hf.lfm2_vl import vision_config
+from shortconv.configs.hf import lfm2_vl, lfm3_vl
 from shortconv.sampling.sampling_params import InvalidRequest
-
-
-@dataclass(frozen=True)
-class ImageSpec:
-    """What the engine needs of a vision model: the placeholder id and the downsampling."""
-
-    image_token_id: int
-    downsample_factor: int
-
-    @staticmethod
-    def of(cfg: ModelConfig) -> ImageSpec | None:
-        """None for a text-only architecture."""
-        if cfg.arch != "lfm2_vl":
-            return None
-        v = vision_config(cfg.raw)
-        return ImageSpec(v.image_token_id, v.downsample_factor)
 
 
 @dataclass(frozen=True)
@@ -54,8 +41,29 @@ class ImageInput:
     pixel_values: torch.Tensor
     spatial_shapes: tuple[tuple[int, int], ...]
 
+    @property
+    def grids(self) -> tuple[tuple[int, ...], ...]:
+        return self.spatial_shapes
+
     def num_tokens(self, factor: int) -> int:
         return sum((h // factor) * (w // factor) for h, w in self.spatial_shapes)
+
+    @staticmethod
+    def batch(
+        images: Sequence[ImageInput], device: torch.device
+    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """Every tile of `images`, cut to its real patches and padded to the longest: `[N, L,
+        P]`, and each tile's grid (LFM2-VL's `encode_images`)."""
+        tiles = [
+            (t, hw)
+            for im in images
+            for t, hw in zip(im.pixel_values, im.spatial_shapes, strict=True)
+        ]
+        longest = max(h * w for _, (h, w) in tiles)
+        pixels = torch.zeros(len(tiles), longest, tiles[0][0].shape[-1], device=device)
+        for i, (tile, (h, w)) in enumerate(tiles):
+            pixels[i, : h * w] = tile[: h * w]
+        return pixels, [hw for _, hw in tiles]
 
     @staticmethod
     def split(
@@ -83,11 +91,76 @@ class ImageInput:
 
 
 @dataclass(frozen=True)
+class GridImageInput:
+    """One image as LFM3-VL's (Qwen2-VL's) image processor returns it: its rows of
+    `pixel_values` `[h * w, channels * temporal * p * p]` (merge blocks contiguous) and its
+    `image_grid_thw` row `(t, h, w)`; t is 1 for an image (a video has more frames)."""
+
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+
+    @property
+    def grids(self) -> tuple[tuple[int, ...], ...]:
+        return (self.grid_thw,)
+
+    def num_tokens(self, factor: int) -> int:
+        t, h, w = self.grid_thw
+        return t * (h // factor) * (w // factor)
+
+    @staticmethod
+    def split(outputs: Mapping[str, torch.Tensor]) -> list[GridImageInput]:
+        """The processor's batched outputs (`pixel_values`, `image_grid_thw`) → one
+        GridImageInput per image; video outputs are refused (images only)."""
+        if "pixel_values_videos" in outputs or "video_grid_thw" in outputs:
+            raise InvalidRequest("video inputs are not supported (images only)", "images")
+        pixels, grids = outputs["pixel_values"], outputs["image_grid_thw"].tolist()
+        sizes = [t * h * w for t, h, w in grids]
+        if sum(sizes) != len(pixels):
+            msg = f"{len(pixels)} rows in pixel_values, {sum(sizes)} in image_grid_thw"
+            raise InvalidRequest(msg, "images")
+        rows = torch.split(pixels, sizes)
+        pairs = zip(rows, grids, strict=True)
+        return [GridImageInput(r, (int(t), int(h), int(w))) for r, (t, h, w) in pairs]
+
+    @staticmethod
+    def batch(
+        images: Sequence[GridImageInput], device: torch.device
+    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """The images' rows, concatenated, and each one's `(h, w)` (LFM3-VL's `encode_images`)."""
+        pixels = torch.cat([im.pixel_values for im in images]).to(device)
+        return pixels, [im.grid_thw[1:] for im in images]
+
+
+AnyImage = ImageInput | GridImageInput
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What the engine needs of a vision model: the placeholder id, the downsampling of a patch
+    grid into tokens, and the kind of image its processor makes."""
+
+    image_token_id: int
+    downsample_factor: int
+    kind: type[ImageInput] | type[GridImageInput] = ImageInput
+
+    @staticmethod
+    def of(cfg: ModelConfig) -> ImageSpec | None:
+        """None for a text-only architecture."""
+        if cfg.arch == "lfm2_vl":
+            v = lfm2_vl.vision_config(cfg.raw)
+            return ImageSpec(v.image_token_id, v.downsample_factor, ImageInput)
+        if cfg.arch == "lfm3_vl":
+            w = lfm3_vl.vision_config(cfg.raw)
+            return ImageSpec(w.image_token_id, w.merge, GridImageInput)
+        return None
+
+
+@dataclass(frozen=True)
 class PlacedImage:
     """An image, the prompt runs `(position, length)` its tokens replace, in order, and the
     digest of its content that stands for its tokens in the key stream."""
 
-    image: ImageInput
+    image: AnyImage
     spans: tuple[tuple[int, int], ...]
 
     @property
@@ -110,11 +183,12 @@ class PlacedImage:
         return image_digest(self.image)
 
 
-def image_digest(image: ImageInput) -> int:
-    """A negative id from the sha256 of the image's pixels (bytes, dtype, shape) and patch grids:
-    equal for the same processor output, different (but for a 2**-63 chance) otherwise."""
+def image_digest(image: AnyImage) -> int:
+    """A negative id from the sha256 of the image's pixels (bytes, dtype, shape) and patch grids
+    (`spatial_shapes` or `image_grid_thw`): equal for the same processor output, different (but
+    for a 2**-63 chance) otherwise."""
     pixels = image.pixel_values.detach().cpu().contiguous()
-    h = hashlib.sha256(f"{pixels.dtype}{tuple(pixels.shape)}{image.spatial_shapes}".encode())
+    h = hashlib.sha256(f"{pixels.dtype}{tuple(pixels.shape)}{image.grids}".encode())
     h.update(pixels.view(torch.uint8).numpy().tobytes())
     return -1 - int.from_bytes(h.digest()[:8], "little") // 2
 
@@ -141,15 +215,24 @@ def _runs(positions: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def _check_image(image: AnyImage, spec: ImageSpec) -> None:
+    f = spec.downsample_factor
+    if not isinstance(image, spec.kind):
+        raise InvalidRequest(f"this model takes {spec.kind.__name__}s as images", "images")
+    if any(g[-2] % f or g[-1] % f for g in image.grids):
+        raise InvalidRequest(f"an image's patch grid is not a multiple of {f}", "images")
+    if any(len(g) == 3 and g[0] != 1 for g in image.grids):
+        raise InvalidRequest("video inputs are not supported (an image has one frame)", "images")
+
+
 def place_images(
-    prompt: Sequence[int], images: Sequence[ImageInput], spec: ImageSpec
+    prompt: Sequence[int], images: Sequence[AnyImage], spec: ImageSpec
 ) -> tuple[PlacedImage, ...]:
     """Assign each image its placeholders, or refuse a prompt whose count does not match."""
     slots = [i for i, t in enumerate(prompt) if t == spec.image_token_id]
     f = spec.downsample_factor
     for image in images:
-        if any(h % f or w % f for h, w in image.spatial_shapes):
-            raise InvalidRequest(f"an image's patch grid is not a multiple of {f}", "images")
+        _check_image(image, spec)
     need = [image.num_tokens(f) for image in images]
     if sum(need) != len(slots):
         raise InvalidRequest(
@@ -178,4 +261,4 @@ class EncoderInput:
     """An image a step encodes, kept in the runner's encoder cache under `key`."""
 
     key: int
-    image: ImageInput
+    image: AnyImage

@@ -11,24 +11,9 @@ from shortconv.engine.plan import StepPlan
 from shortconv.execution.step_tensors import StepTensors
 
 
-def _batch(
-    inputs: tuple[EncoderInput, ...], device: torch.device
-) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """Every tile of `inputs`, cut to its real patches and padded to the longest: `[N, L, P]`."""
-    tiles = [
-        (t, hw)
-        for e in inputs
-        for t, hw in zip(e.image.pixel_values, e.image.spatial_shapes, strict=True)
-    ]
-    longest = max(h * w for _, (h, w) in tiles)
-    pixels = torch.zeros(len(tiles), longest, tiles[0][0].shape[-1], device=device)
-    for i, (tile, (h, w)) in enumerate(tiles):
-        pixels[i, : h * w] = tile[: h * w]
-    return pixels, [hw for _, hw in tiles]
-
-
 class EncoderCache:
-    """`model.encode_images(pixels, shapes)` must return the tiles' tokens, concatenated."""
+    """`model.encode_images(pixels, shapes)`, on what the images' kind batches them into
+    (`ImageInput.batch`, `GridImageInput.batch`), must return their tokens, concatenated."""
 
     def __init__(self, model: nn.Module, factor: int, device: torch.device) -> None:
         self.model, self.factor, self.device = model, factor, device
@@ -39,7 +24,8 @@ class EncoderCache:
         """Run the encoder once over all of a step's new images (one batch)."""
         if not inputs:
             return
-        pixels, shapes = _batch(inputs, self.device)
+        images = [e.image for e in inputs]
+        pixels, shapes = type(images[0]).batch(images, self.device)
         tokens = self.model.encode_images(pixels, shapes)
         sizes = [e.image.num_tokens(self.factor) for e in inputs]
         for e, rows in zip(inputs, torch.split(tokens, sizes), strict=True):

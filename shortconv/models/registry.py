@@ -18,6 +18,10 @@ def model_class(arch: str) -> type:
         from shortconv.models.lfm3 import Lfm3ForCausalLM
 
         return Lfm3ForCausalLM
+    if arch == "lfm3_vl":
+        from shortconv.models.lfm3_vl import Lfm3VlForConditionalGeneration
+
+        return Lfm3VlForConditionalGeneration
     if arch == "zaya1":
         from shortconv.models.zaya1 import ZayaForCausalLM
 

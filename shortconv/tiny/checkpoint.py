@@ -1,6 +1,6 @@
 """Write small random checkpoints (LFM2, LFM2-MoE, LFM3, ZAYA1) that transformers can load.
 
-    python -m shortconv.tiny.checkpoint --arch {lfm2,lfm2_moe,lfm3,zaya1,lfm2_vl} --out DIR
+    python -m shortconv.tiny.checkpoint --arch {lfm2,lfm2_moe,lfm3,zaya1,lfm2_vl,lfm3_vl} --out DIR
         [--seed N] [--set key=value ...] [--skip-bias B] [--no-tokenizer]
 
 Writes config.json, generation_config.json, model.safetensors (fp32) and a byte-level tokenizer
@@ -129,11 +129,16 @@ def make_tiny_checkpoint(
     skip_bias: float | None = None,
 ) -> Path:
     """Build and save model + config + generation_config (+ tokenizer); returns the directory.
-    `lfm2_vl` is built by shortconv.tiny.vision (weights and processor; always a tokenizer)."""
+    `lfm2_vl` and `lfm3_vl` are built by shortconv.tiny.vision and shortconv.tiny.lfm3_vl
+    (weights and processor; always a tokenizer)."""
     if arch == "lfm2_vl":
         from shortconv.tiny.vision import make_tiny_lfm2_vl
 
         return make_tiny_lfm2_vl(out_dir, overrides, seed)
+    if arch == "lfm3_vl":
+        from shortconv.tiny.lfm3_vl import make_tiny_lfm3_vl
+
+        return make_tiny_lfm3_vl(out_dir, overrides, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = build_hf_model(arch, overrides, seed=seed, skip_bias=skip_bias)
@@ -166,7 +171,9 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arch", required=True, choices=sorted(TINY_PRESETS) + ["zaya", "lfm2_vl"])
+    p.add_argument(
+        "--arch", required=True, choices=sorted(TINY_PRESETS) + ["zaya", "lfm2_vl", "lfm3_vl"]
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")

@@ -15,6 +15,8 @@ _SCALE_LIKE_ZERO_INIT = ("qk_norm.temp",)
 
 
 def _fan_in(name: str, t: torch.Tensor) -> int:
+    if t.ndim == 4:
+        return math.prod(t.shape[1:])  # Conv2d: (out, in/groups, kh, kw)
     if t.ndim == 3 and "experts" not in name:
         return t.shape[1] * t.shape[2]  # Conv1d: (out, in/groups, kernel)
     return t.shape[-1]  # Linear/Embedding (out, hidden) and fused experts (experts, out, in)

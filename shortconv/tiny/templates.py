@@ -121,6 +121,12 @@ LFM2_VL_CHAT_TEMPLATE = (
     "{%- endfor -%}" + _TAIL
 )
 
+# LFM3-VL: the same, an image part written as the Qwen2-VL processor's placeholder between
+# vision start/end markers (the processor expands `<|image_pad|>` into the image's tokens).
+LFM3_VL_CHAT_TEMPLATE = LFM2_VL_CHAT_TEMPLATE.replace(
+    "'<image>'", "'<|vision_start|><|image_pad|><|vision_end|>'"
+)
+
 # arch -> (chat template, its special tool tokens)
 TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "lfm2": (LFM2_CHAT_TEMPLATE, LFM2_TOOL_TOKENS),

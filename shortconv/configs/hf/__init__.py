@@ -17,6 +17,7 @@ from shortconv.configs.hf.arch import resolve_arch
 from shortconv.configs.hf.lfm2 import lfm2_fields
 from shortconv.configs.hf.lfm2_vl import lfm2_vl_fields
 from shortconv.configs.hf.lfm3 import lfm3_fields
+from shortconv.configs.hf.lfm3_vl import lfm3_vl_fields
 from shortconv.configs.hf.zaya1 import zaya1_fields
 from shortconv.errors import ConfigError
 
@@ -33,6 +34,8 @@ def model_fields(raw: dict[str, Any]) -> dict[str, Any]:
             return lfm2_vl_fields(raw, arch)
         if arch == "lfm3":
             return lfm3_fields(raw, arch)
+        if arch == "lfm3_vl":
+            return lfm3_vl_fields(raw, arch)
         return zaya1_fields(raw, arch)
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"config.json for {arch} is malformed: {exc!r}") from exc

@@ -13,6 +13,7 @@ ARCH_BY_MODEL_TYPE = {
     "zaya": "zaya1",
     "lfm3": "lfm3",
     "lfm2_vl": "lfm2_vl",
+    "lfm3_vl": "lfm3_vl",
 }
 ARCH_BY_CLASS = {
     "Lfm2ForCausalLM": "lfm2",
@@ -20,6 +21,7 @@ ARCH_BY_CLASS = {
     "ZayaForCausalLM": "zaya1",
     "Lfm3ForCausalLM": "lfm3",
     "Lfm2VlForConditionalGeneration": "lfm2_vl",
+    "Lfm3VlForConditionalGeneration": "lfm3_vl",
 }
 
 

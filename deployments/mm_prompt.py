@@ -10,21 +10,15 @@ runs `build` in a worker thread, never on its event loop nor on the engine's ste
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from PIL import Image
 
-from shortconv.engine import images as engine_images
-
-if TYPE_CHECKING:
-    from shortconv.engine.images import AnyImage, ImageSpec
-
-log = logging.getLogger(__name__)
+from shortconv.engine.images import AnyImage, GridImageInput, ImageInput, ImageSpec
 
 
 class PromptError(ValueError):
@@ -72,11 +66,11 @@ class PromptBuilder:
         return MultimodalPrompt(ids, tuple(self._engine_images(out, ids)))
 
     def _engine_images(self, out: Mapping[str, torch.Tensor], ids: list[int]) -> list[AnyImage]:
-        if self.spec.kind is engine_images.GridImageInput:
-            return engine_images.GridImageInput.split(out)
+        if self.spec.kind is GridImageInput:
+            return GridImageInput.split(out)
         start = self.processor.tokenizer.convert_tokens_to_ids(self.processor.image_start_token)
         tiles = tiles_per_image(ids, self.spec.image_token_id, start)
-        return engine_images.ImageInput.split(out, tiles)
+        return ImageInput.split(out, tiles)
 
 
 def _with_images(

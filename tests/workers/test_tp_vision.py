@@ -1,17 +1,19 @@
-"""LFM2-VL at tp_size 2 on Ray (CPU, gloo): transformers' greedy tokens for one image, for a
-batch mixing image and text requests split over chunks, and for a prefix-cache hit on the
-image. Each step's plan carries its images to every rank, whose replicated encoder embeds them
-(docs/vision.md), so every rank places the same rows."""
+"""LFM2-VL and LFM3-VL at tp_size 2 on Ray (CPU, gloo): transformers' greedy tokens for one
+image, for a batch mixing image and text requests split over chunks, and (LFM2-VL) for a
+prefix-cache hit on the image. Each step's plan carries its images to every rank, whose
+replicated encoder embeds them (docs/vision.md), so every rank places the same rows."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from oracle import assert_matches_oracle  # noqa: E402
+from lfm3_vl_inputs import Lfm3VlCase, Pic, Request, lfm3_vl_case  # noqa: E402
+from oracle import OracleRun, assert_matches_oracle  # noqa: E402
 from ray_env import private_ray  # noqa: E402
 from vision_inputs import Image, VisionCase, engine_images, vision_case  # noqa: E402
 
@@ -45,12 +47,31 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> VisionCase:
 
 
 @pytest.fixture(scope="module")
-def tp2(case: VisionCase):
+def lfm3_case(tmp_path_factory: pytest.TempPathFactory) -> Lfm3VlCase:
+    return lfm3_vl_case(tmp_path_factory.mktemp("lfm3_vl"), MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def private_cluster():
     with private_ray("sctpv-", num_cpus=2):
-        spec = plan_worker_spec(case.path, CONFIG, "float32")
-        executor = RayExecutor(spec, 2, num_cpus_per_worker=0.5)
-        yield spec, executor
-        executor.shutdown()
+        yield
+
+
+def _executor(path) -> Iterator[tuple[WorkerSpec, RayExecutor]]:
+    spec = plan_worker_spec(path, CONFIG, "float32")
+    executor = RayExecutor(spec, 2, num_cpus_per_worker=0.5)
+    yield spec, executor
+    executor.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tp2(private_cluster, case: VisionCase):
+    yield from _executor(case.path)
+
+
+@pytest.fixture(scope="module")
+def lfm3_tp2(private_cluster, lfm3_case: Lfm3VlCase):
+    yield from _executor(lfm3_case.path)
 
 
 def tp2_engine(tp2: tuple[WorkerSpec, RayExecutor], budget: int = 512) -> LLMEngine:
@@ -60,22 +81,27 @@ def tp2_engine(tp2: tuple[WorkerSpec, RayExecutor], budget: int = 512) -> LLMEng
 
 
 def serve(engine: LLMEngine, case: VisionCase, requests: list) -> tuple[list[int], list[StepPlan]]:
-    """Run (ids, batch, images) requests together; each must equal transformers. Returns each
-    request's cached prompt tokens and the plans."""
+    """Run LFM2-VL (ids, batch, images) requests together; each must equal transformers.
+    Returns each request's cached prompt tokens and the plans."""
+    feed = [(ids, engine_images(imgs, b) if b else []) for ids, b, imgs in requests]
+    return run_all(engine, feed, [case.oracle(ids, b) for ids, b, _ in requests])
+
+
+def run_all(
+    engine: LLMEngine, feed: list[tuple[list[int], list]], oracles: list[OracleRun]
+) -> tuple[list[int], list[StepPlan]]:
+    """Run (ids, images) requests together; each must equal its oracle run."""
     plans: list[StepPlan] = []
     executor = engine.executor
     engine.executor = _Recording(executor, plans)  # type: ignore[assignment]
-    rids = [
-        engine.add_request(ids, GREEDY, images=engine_images(imgs, b) if b else [])
-        for ids, b, imgs in requests
-    ]
+    rids = [engine.add_request(ids, GREEDY, images=images) for ids, images in feed]
     done = {}
     while engine.has_unfinished():
         done |= {o.request_id: o for o in engine.step() if o.finished}
     engine.executor = executor
-    for i, (rid, (ids, b, _)) in enumerate(zip(rids, requests, strict=True)):
+    for i, (rid, ref) in enumerate(zip(rids, oracles, strict=True)):
         assert done[rid].error is None, done[rid].error
-        assert_matches_oracle(done[rid].token_ids, case.oracle(ids, b), f"tp 2, request {i}")
+        assert_matches_oracle(done[rid].token_ids, ref, f"tp 2, request {i}")
     return [done[rid].num_cached_tokens for rid in rids], plans
 
 
@@ -111,3 +137,27 @@ def test_tp2_prefix_cache_hit_on_the_image(tp2, case: VisionCase) -> None:
         i for i, t in enumerate(request[0]) if t == case.hf.config.image_token_id
     )
     assert cached > last_image_token and not any(p.encoder_inputs for p in plans)
+
+
+def serve_lfm3(
+    tp2: tuple[WorkerSpec, RayExecutor], case: Lfm3VlCase, requests: list[Request], budget: int
+) -> list[StepPlan]:
+    feed = [(r.ids, r.images) for r in requests]
+    _, plans = run_all(tp2_engine(tp2, budget), feed, [case.oracle(r) for r in requests])
+    return plans
+
+
+def test_tp2_lfm3_vl_one_image(lfm3_tp2, lfm3_case: Lfm3VlCase) -> None:
+    serve_lfm3(lfm3_tp2, lfm3_case, [lfm3_case.request([("user", [Pic(20, 44), "What?"])])], 512)
+
+
+def test_tp2_lfm3_vl_batch_mixing_image_and_text_over_chunks(
+    lfm3_tp2, lfm3_case: Lfm3VlCase
+) -> None:
+    requests = [
+        lfm3_case.request([("user", ["Only text here."])]),
+        lfm3_case.request([("user", [Pic(20, 44, seed=1), "One image."])]),
+        lfm3_case.request([("user", ["Two:", Pic(32, 32, seed=2), Pic(40, 16, seed=3)])]),
+    ]
+    plans = serve_lfm3(lfm3_tp2, lfm3_case, requests, budget=16)
+    assert any(s.src > 0 for p in plans for seq in p.seqs for s in seq.images), "split images"

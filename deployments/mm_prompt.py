@@ -63,7 +63,10 @@ class PromptBuilder:
         except Exception as exc:  # jinja or the image processor refused these inputs
             raise PromptError(f"the processor refused this request: {exc}") from None
         ids = [int(t) for t in out["input_ids"][0]]
-        return MultimodalPrompt(ids, tuple(self._engine_images(out, ids)))
+        try:
+            return MultimodalPrompt(ids, tuple(self._engine_images(out, ids)))
+        except (ValueError, KeyError) as exc:  # outputs the engine's image kind refuses or lacks
+            raise PromptError(f"the processor's outputs do not fit this model: {exc}") from None
 
     def _engine_images(self, out: Mapping[str, torch.Tensor], ids: list[int]) -> list[AnyImage]:
         if self.spec.kind is GridImageInput:

@@ -91,3 +91,12 @@ def test_lfm2_vl_prompt_is_the_processors(tmp_path: Path) -> None:
     mm = builder.build(MESSAGES, images, add_generation_prompt=True)
     assert all(isinstance(im, ImageInput) for im in mm.images) and len(mm.images) == 2
     place_images(mm.token_ids, mm.images, spec)  # every placeholder has its image's row
+
+
+def test_outputs_the_engine_refuses_are_a_prompt_error(tmp_path: Path) -> None:
+    builder = _lfm3_vl_builder(tmp_path)
+    # The same processor, its outputs read as LFM2-VL's tiles: no <|image_start|> to count.
+    wrong = PromptBuilder(builder.processor, ImageSpec(builder.spec.image_token_id, 2, ImageInput))
+    wrong.processor.image_start_token = "<|vision_start|>"
+    with pytest.raises(PromptError, match="do not fit this model"):
+        wrong.build(MESSAGES[:2], pictures()[:1], add_generation_prompt=True)

@@ -14,7 +14,7 @@ import torch
 
 from shortconv.configs.config import EngineConfig
 from shortconv.engine.executor import BaseExecutor
-from shortconv.engine.images import ImageInput
+from shortconv.engine.images import AnyImage
 from shortconv.engine.llm_engine import LLMEngine
 from shortconv.engine.outputs import RequestOutput
 from shortconv.execution.worker_spec import WorkerSpec, plan_worker_spec
@@ -79,7 +79,7 @@ class LLM:
         prompts: str | Sequence[str] | None = None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
-        images: Sequence[Sequence[ImageInput]] | None = None,
+        images: Sequence[Sequence[AnyImage]] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; returns outputs in input order (a prompt whose params
         have `n` > 1: its n outputs, by `index`, in its place). `images[i]` are prompt i's

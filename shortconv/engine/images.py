@@ -2,14 +2,11 @@
 and what a step plan carries to encode them and to place their embeddings.
 
 A request's prompt holds the image placeholder tokens already expanded (as transformers'
-processor expands them); each image brings its part of the processor's tensors: LFM2-VL's tiles
-(`ImageInput`: rows of `pixel_values` and their `spatial_shapes`) or LFM3-VL's patch rows and
-`image_grid_thw` (`GridImageInput`). Both say how many tokens they make (`num_tokens`), what
-patch grids they cover (`grids`, in the digest) and how a step's images batch for the model's
-`encode_images` (`batch`); nothing else in the engine tells them apart. An image fills, in
-order, the next `num_tokens` placeholders of the prompt. The step budget counts an image's
-placeholders as prompt tokens (they are) and, in the chunk that encodes it, its token count
-again for the encoder's work (`engine.encoder_planner`).
+processor expands them); each image brings its part of the processor's tensors, in the kind its
+model takes (`engine.image_inputs`: LFM2-VL's tiles or LFM3-VL's patch rows and grid). An
+image fills, in order, the next `num_tokens` placeholders of the prompt. The step budget counts
+an image's placeholders as prompt tokens (they are) and, in the chunk that encodes it, its token
+count again for the encoder's work (`engine.encoder_planner`).
 
 Kept state (prefix-cache checkpoints, a session's turns) is keyed by a request's key stream
 (`key_stream`): its prompt with every placeholder of an image replaced by that image's digest (a
@@ -21,7 +18,7 @@ same image hits and a different image behind the same text misses at its first p
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -29,109 +26,22 @@ import torch
 
 from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf import lfm2_vl, lfm3_vl
+from shortconv.engine.image_inputs import AnyImage, GridImageInput, ImageInput
 from shortconv.sampling.sampling_params import InvalidRequest
 
-
-@dataclass(frozen=True)
-class ImageInput:
-    """One image as transformers' image processor returns it: `pixel_values` `[tiles,
-    max_patches, channels * p * p]` and each tile's patch grid `(h, w)`; a tile's first h * w
-    rows are its patches (the rest is padding, as `pixel_attention_mask` marks)."""
-
-    pixel_values: torch.Tensor
-    spatial_shapes: tuple[tuple[int, int], ...]
-
-    @property
-    def grids(self) -> tuple[tuple[int, ...], ...]:
-        return self.spatial_shapes
-
-    def num_tokens(self, factor: int) -> int:
-        return sum((h // factor) * (w // factor) for h, w in self.spatial_shapes)
-
-    @staticmethod
-    def batch(
-        images: Sequence[ImageInput], device: torch.device
-    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        """Every tile of `images`, cut to its real patches and padded to the longest: `[N, L,
-        P]`, and each tile's grid (LFM2-VL's `encode_images`)."""
-        tiles = [
-            (t, hw)
-            for im in images
-            for t, hw in zip(im.pixel_values, im.spatial_shapes, strict=True)
-        ]
-        longest = max(h * w for _, (h, w) in tiles)
-        pixels = torch.zeros(len(tiles), longest, tiles[0][0].shape[-1], device=device)
-        for i, (tile, (h, w)) in enumerate(tiles):
-            pixels[i, : h * w] = tile[: h * w]
-        return pixels, [hw for _, hw in tiles]
-
-    @staticmethod
-    def split(
-        outputs: Mapping[str, torch.Tensor], tiles_per_image: Sequence[int]
-    ) -> list[ImageInput]:
-        """The processor's batched outputs (`pixel_values`, `spatial_shapes`, and
-        `pixel_attention_mask`, checked against them) → one ImageInput per image."""
-        pixels, shapes = outputs["pixel_values"], outputs["spatial_shapes"].tolist()
-        mask = outputs.get("pixel_attention_mask")
-        if sum(tiles_per_image) != len(pixels):
-            msg = f"{len(pixels)} tiles in pixel_values, {sum(tiles_per_image)} in the images"
-            raise InvalidRequest(msg, "images")
-        images, start = [], 0
-        for n in tiles_per_image:
-            grids = tuple((int(h), int(w)) for h, w in shapes[start : start + n])
-            if mask is not None:
-                real = mask[start : start + n].sum(-1).tolist()
-                if real != [h * w for h, w in grids]:
-                    raise InvalidRequest(
-                        "pixel_attention_mask disagrees with spatial_shapes", "images"
-                    )
-            images.append(ImageInput(pixels[start : start + n], grids))
-            start += n
-        return images
-
-
-@dataclass(frozen=True)
-class GridImageInput:
-    """One image as LFM3-VL's (Qwen2-VL's) image processor returns it: its rows of
-    `pixel_values` `[h * w, channels * temporal * p * p]` (merge blocks contiguous) and its
-    `image_grid_thw` row `(t, h, w)`; t is 1 for an image (a video has more frames)."""
-
-    pixel_values: torch.Tensor
-    grid_thw: tuple[int, int, int]
-
-    @property
-    def grids(self) -> tuple[tuple[int, ...], ...]:
-        return (self.grid_thw,)
-
-    def num_tokens(self, factor: int) -> int:
-        t, h, w = self.grid_thw
-        return t * (h // factor) * (w // factor)
-
-    @staticmethod
-    def split(outputs: Mapping[str, torch.Tensor]) -> list[GridImageInput]:
-        """The processor's batched outputs (`pixel_values`, `image_grid_thw`) → one
-        GridImageInput per image; video outputs are refused (images only)."""
-        if "pixel_values_videos" in outputs or "video_grid_thw" in outputs:
-            raise InvalidRequest("video inputs are not supported (images only)", "images")
-        pixels, grids = outputs["pixel_values"], outputs["image_grid_thw"].tolist()
-        sizes = [t * h * w for t, h, w in grids]
-        if sum(sizes) != len(pixels):
-            msg = f"{len(pixels)} rows in pixel_values, {sum(sizes)} in image_grid_thw"
-            raise InvalidRequest(msg, "images")
-        rows = torch.split(pixels, sizes)
-        pairs = zip(rows, grids, strict=True)
-        return [GridImageInput(r, (int(t), int(h), int(w))) for r, (t, h, w) in pairs]
-
-    @staticmethod
-    def batch(
-        images: Sequence[GridImageInput], device: torch.device
-    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        """The images' rows, concatenated, and each one's `(h, w)` (LFM3-VL's `encode_images`)."""
-        pixels = torch.cat([im.pixel_values for im in images]).to(device)
-        return pixels, [im.grid_thw[1:] for im in images]
-
-
-AnyImage = ImageInput | GridImageInput
+# NOTE: re-exported: the engine, the tests and the request path import the kinds from here.
+__all__ = [
+    "AnyImage",
+    "EncoderInput",
+    "GridImageInput",
+    "ImageInput",
+    "ImageSlice",
+    "ImageSpec",
+    "PlacedImage",
+    "image_digest",
+    "key_stream",
+    "place_images",
+]
 
 
 @dataclass(frozen=True)

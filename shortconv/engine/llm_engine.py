@@ -13,7 +13,7 @@ from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.forks import seq_ids
-from shortconv.engine.images import ImageInput, ImageSpec, PlacedImage, place_images
+from shortconv.engine.images import AnyImage, ImageSpec, PlacedImage, place_images
 from shortconv.engine.occupancy import engine_stats
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
@@ -112,7 +112,7 @@ class LLMEngine:
     def place_images(
         self,
         prompt_token_ids: list[int],
-        images: Sequence[ImageInput],
+        images: Sequence[AnyImage],
         n: int = 1,
     ) -> tuple[PlacedImage, ...]:
         """Each image's placeholders in the prompt, or InvalidRequest naming what is wrong.
@@ -131,7 +131,7 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         session_id: str | None = None,
-        images: Sequence[ImageInput] = (),
+        images: Sequence[AnyImage] = (),
     ) -> str:
         """Queue a request. With `session_id`, state is kept after it finishes and the
         session's next turn resumes from it when its prompt extends this one's tokens.

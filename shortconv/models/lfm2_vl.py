@@ -10,16 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch import nn
 
-from shortconv.cache.state_pool import StateSpec
 from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf.lfm2_vl import vision_config
-from shortconv.execution.backend import BaseStateBackend
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.vision_encoder import VisionEncoder
 from shortconv.layers.vision_projector import PixelUnshuffleProjector
 from shortconv.models.lfm2 import LFM2_RENAMES, Lfm2ForCausalLM
+from shortconv.models.vision_language import VisionLanguageModel
 from shortconv.models.weights import WeightLoader
 
 # Checkpoint prefixes → ours; older checkpoints nest the encoder under `vision_model.`.
@@ -33,42 +31,19 @@ _PREFIXES = {
 _LAYER_RENAMES = {k: v for k, v in LFM2_RENAMES.items() if not k.startswith("model.")}
 
 
-class Lfm2VlForConditionalGeneration(nn.Module):
-    """`forward(input_ids[T], backend, inputs_embeds=None) -> hidden[T, H]` (LFM2's)."""
-
-    extra_state_name: str | None = None
-    multimodal = True
+class Lfm2VlForConditionalGeneration(VisionLanguageModel):
+    language_class = Lfm2ForCausalLM
 
     def __init__(self, cfg: ModelConfig, tp: ParallelContext):
-        super().__init__()
-        self.cfg, self.tp = cfg, tp
+        super().__init__(cfg, tp)
         self.vision_cfg = vision_config(cfg.raw)
-        self.language_model = Lfm2ForCausalLM(cfg, tp)
         self.vision_tower = VisionEncoder(self.vision_cfg)
         self.multi_modal_projector = PixelUnshuffleProjector(self.vision_cfg)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        backend: BaseStateBackend,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.language_model(input_ids, backend, inputs_embeds)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_tokens(input_ids)
 
     def encode_images(self, pixels: torch.Tensor, shapes: list[tuple[int, int]]) -> torch.Tensor:
         """Tiles `[N, L, channels*p*p]` with patch grids `shapes` → their tokens `[sum of
         (h/f)(w/f), text hidden]`, tile after tile."""
         return self.multi_modal_projector(self.vision_tower(pixels, shapes), shapes)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden)
-
-    @staticmethod
-    def state_specs(cfg: ModelConfig, tp: ParallelContext) -> list[StateSpec]:
-        return Lfm2ForCausalLM.state_specs(cfg, tp)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         WeightLoader(self, self.tp, _PREFIXES | _LAYER_RENAMES).load(self._used(weights))

@@ -12,16 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch import nn
 
-from shortconv.cache.state_pool import StateSpec
 from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf.lfm3_vl import vision_config
-from shortconv.execution.backend import BaseStateBackend
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.lfm3_vision_encoder import Lfm3VisionEncoder
 from shortconv.layers.lfm3_vision_projector import MergeProjector
 from shortconv.models.lfm3 import Lfm3ForCausalLM
+from shortconv.models.vision_language import VisionLanguageModel
 from shortconv.models.weights import WeightLoader
 
 # Checkpoint prefixes → ours; transformers' in-memory names (a model saved by an older
@@ -35,42 +33,19 @@ _PREFIXES = {
 _LFM3 = Lfm3ForCausalLM.hf_to_ours()
 
 
-class Lfm3VlForConditionalGeneration(nn.Module):
-    """`forward(input_ids[T], backend, inputs_embeds=None) -> hidden[T, H]` (LFM3's)."""
-
-    extra_state_name: str | None = None
-    multimodal = True
+class Lfm3VlForConditionalGeneration(VisionLanguageModel):
+    language_class = Lfm3ForCausalLM
 
     def __init__(self, cfg: ModelConfig, tp: ParallelContext):
-        super().__init__()
-        self.cfg, self.tp = cfg, tp
+        super().__init__(cfg, tp)
         self.vision_cfg = vision_config(cfg.raw)
-        self.language_model = Lfm3ForCausalLM(cfg, tp)
         self.vision_tower = Lfm3VisionEncoder(self.vision_cfg)
         self.multi_modal_projector = MergeProjector(self.vision_cfg)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        backend: BaseStateBackend,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.language_model(input_ids, backend, inputs_embeds)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_tokens(input_ids)
 
     def encode_images(self, pixels: torch.Tensor, grids: list[tuple[int, int]]) -> torch.Tensor:
         """Patch rows `[sum of h * w, patch_dim]` of images with patch grids `grids` → their
         tokens `[sum of h * w / merge**2, text hidden]`, image after image."""
         return self.multi_modal_projector(self.vision_tower(pixels, grids))
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden)
-
-    @staticmethod
-    def state_specs(cfg: ModelConfig, tp: ParallelContext) -> list[StateSpec]:
-        return Lfm3ForCausalLM.state_specs(cfg, tp)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         WeightLoader(self, self.tp, _PREFIXES | _LFM3).load(self._used(weights))

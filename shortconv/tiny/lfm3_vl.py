@@ -1,6 +1,6 @@
 """A tiny random LFM3-VL checkpoint with its processor, for `model: null` and the parity tests.
 
-    python -m shortconv.tiny.lfm3_vl --out DIR [--seed N]
+    python -m shortconv.tiny.checkpoint --arch lfm3_vl --out DIR [--seed N]
 
 Beside the weights it saves what transformers' `Lfm3VlProcessor` reads
 (`shortconv.configs.hf.processors.load_processor`): the Qwen2-VL image processor's config,
@@ -11,16 +11,13 @@ specials and a ChatML template whose content parts may be images.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from shortconv.engine import tokenizer as toks
 from shortconv.tiny.presets import TINY_PRESETS, TOKEN_IDS
-from shortconv.tiny.rerandomize import rerandomize_
+from shortconv.tiny.rerandomize import random_vl_model
 from shortconv.tiny.templates import LFM2_TOOL_TOKENS, LFM3_VL_CHAT_TEMPLATE
 
 VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
@@ -70,15 +67,9 @@ def lfm3_vl_config(overrides: dict[str, Any] | None = None) -> Any:
 
 def build_hf_lfm3_vl(overrides: dict[str, Any] | None = None, seed: int = 0) -> Any:
     """A re-randomised fp32 `Lfm3VlForConditionalGeneration` in eval mode."""
-    from transformers import GenerationConfig, Lfm3VlForConditionalGeneration
+    from transformers import Lfm3VlForConditionalGeneration
 
-    config = lfm3_vl_config(overrides)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Lfm3VlForConditionalGeneration(config)
-    rerandomize_(model, seed)
-    model.generation_config = GenerationConfig(**TOKEN_IDS)
-    return model.eval()
+    return random_vl_model(Lfm3VlForConditionalGeneration, lfm3_vl_config(overrides), seed)
 
 
 def build_tokenizer(max_len: int) -> Any:
@@ -115,15 +106,3 @@ def make_tiny_lfm3_vl(
     model.save_pretrained(str(out))
     save_processor(out, int(model.config.text_config.max_position_embeddings))
     return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    print(make_tiny_lfm3_vl(args.out, seed=args.seed))
-
-
-if __name__ == "__main__":
-    main()

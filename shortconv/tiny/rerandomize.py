@@ -4,8 +4,11 @@ shortconv.tiny.checkpoint's docstring)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+
+from shortconv.tiny.presets import TOKEN_IDS
 
 LOGIT_GAIN = 3.0
 BIAS_FRACTION = 0.1
@@ -61,6 +64,20 @@ def rerandomize_(model: torch.nn.Module, seed: int, scale: float = 0.5) -> None:
             new = _redraw(name, t, gen, scale)
             if new is not None:
                 t.copy_(new.to(t.dtype))
+
+
+def random_vl_model(model_class: type, config: Any, seed: int) -> Any:
+    """A re-randomised fp32 transformers vision-language model of `config`, in eval mode, with
+    the tiny checkpoints' special token ids for generation."""
+    from transformers import GenerationConfig
+
+    # fork_rng: construction draws from the global RNG; seed it without leaking state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    rerandomize_(model, seed)
+    model.generation_config = GenerationConfig(**TOKEN_IDS)
+    return model.eval()
 
 
 def set_skip_bias_(model: torch.nn.Module, skip_bias: float) -> int:

@@ -15,11 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from shortconv.engine import tokenizer as toks
 from shortconv.tiny.presets import TINY_PRESETS, TOKEN_IDS
-from shortconv.tiny.rerandomize import rerandomize_
+from shortconv.tiny.rerandomize import random_vl_model
 from shortconv.tiny.templates import LFM2_TOOL_TOKENS, LFM2_VL_CHAT_TEMPLATE
 
 MAX_TILES = 4
@@ -77,15 +75,9 @@ def lfm2_vl_config(overrides: dict[str, Any] | None = None) -> Any:
 
 def build_hf_lfm2_vl(overrides: dict[str, Any] | None = None, seed: int = 0) -> Any:
     """A re-randomised fp32 `Lfm2VlForConditionalGeneration` in eval mode."""
-    from transformers import GenerationConfig, Lfm2VlForConditionalGeneration
+    from transformers import Lfm2VlForConditionalGeneration
 
-    config = lfm2_vl_config(overrides)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Lfm2VlForConditionalGeneration(config)
-    rerandomize_(model, seed)
-    model.generation_config = GenerationConfig(**TOKEN_IDS)
-    return model.eval()
+    return random_vl_model(Lfm2VlForConditionalGeneration, lfm2_vl_config(overrides), seed)
 
 
 def build_tokenizer(max_len: int) -> Any:

@@ -4,20 +4,15 @@ transformers' `generate` on the whole prompt (tests/vision_inputs.py builds the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch.nn.functional as F
-from oracle import OracleRun, assert_matches_oracle
+from oracle import OracleRun
 from triton_path import force_triton_path
+from vision_engine import KeptStateEngine, Served
 from vision_inputs import Image, VisionCase, engine_images, follow_up, pixels, vision_case
 
 from shortconv import SamplingParams
-from shortconv.configs.config import EngineConfig
 from shortconv.engine.images import key_stream
-from shortconv.engine.llm_engine import LLMEngine
-from shortconv.engine.plan import StepPlan
-from shortconv.llm import build_engine
 
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -31,39 +26,15 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> VisionCase:
     return vision_case(tmp_path_factory.mktemp("lfm2_vl"), MAX_NEW)
 
 
-@dataclass
-class Served:
-    tokens: list[int]
-    cached: int  # prompt tokens resumed from kept state
-    encoded: int  # images the encoder ran on for this request
-
-
-class Engine:
-    """One engine with 8-token pages and a checkpoint every page; requests run one by one."""
-
+class Engine(KeptStateEngine):
     def __init__(self, case: VisionCase, budget: int = 512, **cfg: object) -> None:
-        config = EngineConfig(
-            max_num_batched_tokens=budget, kv_page_size=8, prefix_checkpoint_interval=8, **cfg
-        )
+        super().__init__(case.path, GREEDY, budget, **cfg)
         self.case = case
-        self.eng: LLMEngine = build_engine(case.path, dtype="float32", engine_config=config)
-        self.plans: list[StepPlan] = []
-        execute = self.eng.executor.execute
-        self.eng.executor.execute = lambda plan: (self.plans.append(plan), execute(plan))[1]
 
     def serve(self, ids: list[int], batch: dict, images: list[Image], session=None) -> Served:
         """Run one request to the end, and check it against transformers."""
-        before = len(self.plans)
         imgs = engine_images(images, batch)
-        self.eng.add_request(ids, GREEDY, session_id=session, images=imgs)
-        outs = []
-        while self.eng.has_unfinished():
-            outs += [o for o in self.eng.step() if o.finished]
-        (out,) = outs
-        assert self.eng.executor.runner.images.entries == {}, "the encoder cache ends empty"
-        assert_matches_oracle(out.token_ids, self.case.oracle(ids, batch), "kept state")
-        encoded = sum(len(p.encoder_inputs) for p in self.plans[before:])
-        return Served(out.token_ids, out.num_cached_tokens, encoded)
+        return self.run(ids, imgs, self.case.oracle(ids, batch), session)
 
     def keys(self, ids: list[int], batch: dict, images: list[Image]) -> list[int]:
         assert self.eng.image_spec is not None

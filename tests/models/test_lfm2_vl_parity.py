@@ -7,14 +7,13 @@ import pytest
 import torch
 from oracle import assert_matches_oracle
 from triton_path import force_triton_path
+from vision_engine import run_together
 from vision_inputs import Image, engine_images, vision_case
 from vision_inputs import VisionCase as Case
 
 from shortconv import SamplingParams
-from shortconv.configs.config import EngineConfig
 from shortconv.engine.images import ImageInput
 from shortconv.engine.plan import StepPlan
-from shortconv.llm import build_engine
 from shortconv.sampling.sampling_params import InvalidRequest
 
 MAX_NEW = 8
@@ -34,20 +33,7 @@ def run(
     case: Case, requests, budget: int = 512, plans: list | None = None, **engine: object
 ) -> list[list[int]]:
     """Our greedy tokens for (ids, [ImageInput]) requests, all queued at once."""
-    config = EngineConfig(max_num_batched_tokens=budget, enable_prefix_caching=False, **engine)
-    eng = build_engine(case.path, dtype="float32", engine_config=config)
-    if plans is not None:
-        execute = eng.executor.execute
-        eng.executor.execute = lambda plan: (plans.append(plan), execute(plan))[1]
-    rids = [eng.add_request(ids, GREEDY, images=imgs) for ids, imgs in requests]
-    done = {}
-    while eng.has_unfinished():
-        done |= {o.request_id: o.token_ids for o in eng.step() if o.finished}
-    assert eng.executor.runner.images.entries == {}, "the encoder cache must end empty"
-    if engine.get("enable_graphs"):
-        stats = eng.graph_stats()
-        assert stats.replays and not any(stats.eager_fallbacks.values()), stats
-    return [done[r] for r in rids]
+    return run_together(case.path, requests, GREEDY, budget, plans, **engine)
 
 
 def run_images(case: Case, ids: list[int], images: list, **engine: object) -> list[list[int]]:

@@ -1,22 +1,19 @@
 """LFM3-VL with kept state: a prefix-cache hit on the same image, a miss on another image
-behind the same text (also under Triton), and a session's next turn, each greedy-equal to
-transformers' `generate` on the whole prompt (tests/lfm3_vl_inputs.py makes the requests)."""
+behind the same text (also under Triton), a resume inside an image, and a session's next
+turn, each greedy-equal to transformers' `generate` on the whole prompt
+(tests/lfm3_vl_inputs.py makes the requests)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pytest
 import torch.nn.functional as F
 from lfm3_vl_inputs import Lfm3VlCase, Pic, Request, lfm3_vl_case
-from oracle import OracleRun, assert_matches_oracle
+from oracle import OracleRun
 from triton_path import force_triton_path
+from vision_engine import KeptStateEngine, Served
 
 from shortconv import SamplingParams
-from shortconv.configs.config import EngineConfig
-from shortconv.engine.llm_engine import LLMEngine
-from shortconv.engine.plan import StepPlan
-from shortconv.llm import build_engine
+from shortconv.engine.images import key_stream
 
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -29,38 +26,14 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Lfm3VlCase:
     return lfm3_vl_case(tmp_path_factory.mktemp("lfm3_vl"), MAX_NEW)
 
 
-@dataclass
-class Served:
-    tokens: list[int]
-    cached: int  # prompt tokens resumed from kept state
-    encoded: int  # images the encoder ran on for this request
-
-
-class Engine:
-    """One engine with 8-token pages and a checkpoint every page; requests run one by one."""
-
+class Engine(KeptStateEngine):
     def __init__(self, case: Lfm3VlCase, budget: int = 512, **cfg: object) -> None:
-        config = EngineConfig(
-            max_num_batched_tokens=budget, kv_page_size=8, prefix_checkpoint_interval=8, **cfg
-        )
+        super().__init__(case.path, GREEDY, budget, **cfg)
         self.case = case
-        self.eng: LLMEngine = build_engine(case.path, dtype="float32", engine_config=config)
-        self.plans: list[StepPlan] = []
-        execute = self.eng.executor.execute
-        self.eng.executor.execute = lambda plan: (self.plans.append(plan), execute(plan))[1]
 
     def serve(self, req: Request, session: str | None = None) -> Served:
         """Run one request to the end, and check it against transformers."""
-        before = len(self.plans)
-        self.eng.add_request(req.ids, GREEDY, session_id=session, images=req.images)
-        outs = []
-        while self.eng.has_unfinished():
-            outs += [o for o in self.eng.step() if o.finished]
-        (out,) = outs
-        assert self.eng.executor.runner.images.entries == {}, "the encoder cache ends empty"
-        assert_matches_oracle(out.token_ids, self.case.oracle(req), "kept state")
-        encoded = sum(len(p.encoder_inputs) for p in self.plans[before:])
-        return Served(out.token_ids, out.num_cached_tokens, encoded)
+        return self.run(req.ids, req.images, self.case.oracle(req), session)
 
 
 def hit_and_miss(case: Lfm3VlCase, eng: Engine) -> None:
@@ -96,6 +69,27 @@ def test_prefix_cache_under_triton(case: Lfm3VlCase, monkeypatch: pytest.MonkeyP
     calls = force_triton_path(monkeypatch)
     hit_and_miss(case, Engine(case, budget=16))
     assert calls["paged_attention_extend_triton"] and calls["paged_attention_decode_triton"]
+
+
+def test_a_hit_inside_an_image_encodes_it(case: Lfm3VlCase) -> None:
+    """Only a checkpoint inside the image is left (the deeper ones discarded): the resumed
+    request encodes the image and takes its rows from the resume point on."""
+    eng = Engine(case)
+    req = case.request([("user", [Pic(20, 44, seed=4), "What is this?"])])
+    start = req.ids.index(case.hf.config.image_token_id)
+    eng.serve(req)
+    inner = (start // 8 + 1) * 8
+    assert start < inner < start + 12
+    tree = eng.eng.scheduler.cache_manager.tree
+    keys = key_stream(req.ids, eng.eng.place_images(req.ids, req.images))
+    for q in range(len(keys), inner, -1):
+        entry = tree.find(keys[:q])
+        if entry is not None:
+            tree.discard(entry)
+    resumed = eng.serve(req)
+    assert (resumed.cached, resumed.encoded) == (inner, 1)
+    mid = [s for p in eng.plans[-MAX_NEW:] for seq in p.seqs for s in seq.images]
+    assert mid and mid[0].src == inner - start, "the rows from the resume point on"
 
 
 @pytest.mark.parametrize("new_image", [False, True], ids=["text", "new-image"])

@@ -7,11 +7,10 @@ import pytest
 from lfm3_vl_inputs import Lfm3VlCase, Pic, Request, lfm3_vl_case
 from oracle import assert_matches_oracle
 from triton_path import force_triton_path
+from vision_engine import run_together
 
 from shortconv import SamplingParams
-from shortconv.configs.config import EngineConfig
 from shortconv.engine.plan import StepPlan
-from shortconv.llm import build_engine
 
 MAX_NEW = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -26,26 +25,25 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Lfm3VlCase:
 
 
 def run(
-    case: Lfm3VlCase, requests: list[Request], budget: int = 512, plans: list | None = None
+    case: Lfm3VlCase,
+    requests: list[Request],
+    budget: int = 512,
+    plans: list | None = None,
+    **engine: object,
 ) -> list[list[int]]:
     """Our greedy tokens for `requests`, all queued at once."""
-    config = EngineConfig(max_num_batched_tokens=budget, enable_prefix_caching=False)
-    eng = build_engine(case.path, dtype="float32", engine_config=config)
-    if plans is not None:
-        execute = eng.executor.execute
-        eng.executor.execute = lambda plan: (plans.append(plan), execute(plan))[1]
-    rids = [eng.add_request(r.ids, GREEDY, images=r.images) for r in requests]
-    done = {}
-    while eng.has_unfinished():
-        done |= {o.request_id: o.token_ids for o in eng.step() if o.finished}
-    assert eng.executor.runner.images.entries == {}, "the encoder cache must end empty"
-    return [done[r] for r in rids]
+    feed = [(r.ids, r.images) for r in requests]
+    return run_together(case.path, feed, GREEDY, budget, plans, **engine)
 
 
 def check(
-    case: Lfm3VlCase, requests: list[Request], budget: int = 512, plans: list | None = None
+    case: Lfm3VlCase,
+    requests: list[Request],
+    budget: int = 512,
+    plans: list | None = None,
+    **engine: object,
 ) -> None:
-    outs = run(case, requests, budget, plans)
+    outs = run(case, requests, budget, plans, **engine)
     for i, (req, out) in enumerate(zip(requests, outs, strict=True)):
         assert_matches_oracle(out, case.oracle(req), f"request {i}")
 
@@ -63,6 +61,15 @@ def test_the_image_changes_the_answer(case: Lfm3VlCase) -> None:
     b = case.request([("user", [Pic(20, 44, seed=7), "What is this?"])])
     assert a.ids == b.ids and case.oracle(a).tokens != case.oracle(b).tokens
     check(case, [a, b])
+
+
+def test_graph_captured_decode(case: Lfm3VlCase) -> None:
+    """Prompts with images run eagerly; every decode step replays a captured bucket."""
+    requests = [
+        case.request([("user", [WIDE, "What is this?"])]),
+        case.request([("user", ["Text only."])]),
+    ]
+    check(case, requests, enable_graphs=True, graph_batch_sizes=(1, 2), graph_context_sizes=(64,))
 
 
 def test_two_images_of_different_sizes_and_aspect_ratios(case: Lfm3VlCase) -> None:
@@ -98,6 +105,22 @@ def test_image_tokens_cross_chunk_boundaries(case: Lfm3VlCase) -> None:
     encoded = [e.key for p in plans for e in p.encoder_inputs]
     assert len(encoded) == len(set(encoded)) == 3
     assert [s for p in plans for seq in p.seqs for s in seq.images if s.src > 0], "split images"
+    assert sorted(k for p in plans for k in p.encoder_frees) == sorted(encoded)
+
+
+def test_preempted_image_request_encodes_again(case: Lfm3VlCase) -> None:
+    """Too few KV pages for both prompts: one is preempted mid-prompt and recomputed, its
+    image encoded again under a new key, and both still match the oracle."""
+    requests = [
+        case.request([("user", [SQUARE, "Describe."])]),
+        case.request([("user", [WIDE, SQUARE])]),
+    ]
+    # 55 and 60 tokens with the answers: 9 pages of 8 hold one, not both.
+    assert [len(r.ids) for r in requests] == [47, 52]
+    plans: list[StepPlan] = []
+    check(case, requests, budget=16, plans=plans, num_kv_pages=10, kv_page_size=8)
+    encoded = [e.key for p in plans for e in p.encoder_inputs]
+    assert len(encoded) > 3, "a preempted request re-encodes its images"
     assert sorted(k for p in plans for k in p.encoder_frees) == sorted(encoded)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from shortconv.configs.hf.lfm2 import lfm2_fields
 from shortconv.configs.hf.transformers_class import transformers_config
+from shortconv.configs.hf.vision_language import vl_text_fields
 from shortconv.errors import ConfigError
 
 # transformers 5.24 Lfm2VlConfig and Siglip2VisionConfig defaults, for the fallback only.
@@ -151,11 +152,6 @@ def vision_config(raw: dict[str, Any]) -> VisionConfig:
 def lfm2_vl_fields(raw: dict[str, Any], arch: str) -> dict[str, Any]:
     """The text model's ModelConfig fields (LFM2), under `arch`; the vision part is checked."""
     c = _hf_config(raw)
-    text = dict(c.text_config)
-    model_type = text.get("model_type", "lfm2")
-    if model_type != "lfm2":
-        raise ConfigError(f"LFM2-VL with a {model_type!r} text model is not supported (only lfm2)")
-    fields = lfm2_fields(text, "lfm2")
+    fields = vl_text_fields(c, arch, "lfm2", lfm2_fields, "LFM2-VL")
     _check_vision(_vision(c), fields["vocab_size"])
-    # NOTE: the top-level flag ties lm_head to the language model's embeddings (as HF does).
-    return fields | {"arch": arch, "tie_word_embeddings": bool(c.tie_word_embeddings)}
+    return fields

@@ -16,6 +16,7 @@ from typing import Any
 
 from shortconv.configs.hf.lfm3 import lfm3_fields
 from shortconv.configs.hf.transformers_class import transformers_config
+from shortconv.configs.hf.vision_language import vl_text_fields
 from shortconv.errors import ConfigError
 
 # transformers 5.24 Lfm3VlConfig and Lfm3VlVisionConfig defaults, for the fallback only.
@@ -170,11 +171,6 @@ def vision_config(raw: dict[str, Any]) -> Lfm3VisionConfig:
 def lfm3_vl_fields(raw: dict[str, Any], arch: str) -> dict[str, Any]:
     """The text model's ModelConfig fields (LFM3), under `arch`; the vision part is checked."""
     c = _hf_config(raw)
-    text = dict(c.text_config)
-    model_type = text.get("model_type", "lfm3")
-    if model_type != "lfm3":
-        raise ConfigError(f"LFM3-VL with a {model_type!r} text model is not supported (only lfm3)")
-    fields = lfm3_fields(text, "lfm3")
+    fields = vl_text_fields(c, arch, "lfm3", lfm3_fields, "LFM3-VL")
     _check_vision(c, _vision(c), fields["vocab_size"])
-    # NOTE: the top-level flag ties lm_head to the language model's embeddings (as HF does).
-    return fields | {"arch": arch, "tie_word_embeddings": bool(c.tie_word_embeddings)}
+    return fields

@@ -9,10 +9,12 @@ transformers' own, and video inputs are refused.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 
+@cache
 def _image_only_class() -> type:
     from transformers import Lfm3VlProcessor
 

@@ -15,9 +15,10 @@ from typing import Any
 
 from deployments.image_limits import ImageLimits
 from deployments.mm_prompt import MultimodalPrompt, PromptBuilder, PromptError
+from deployments.openai_content import ImageRef
 from deployments.openai_errors import APIError
 from deployments.openai_images import ImageLoader
-from deployments.openai_protocol import ChatCompletionRequest, ImageRef
+from deployments.openai_protocol import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
 TEXT_ONLY = "this model takes no images (text only)"

@@ -13,8 +13,8 @@ from PIL import Image
 from deployments.image_decode import decode_image
 from deployments.image_fetch import ImageError, fetch_image
 from deployments.image_limits import ImageLimits
+from deployments.openai_content import ImageRef
 from deployments.openai_errors import APIError
-from deployments.openai_protocol import ImageRef
 
 
 class ImageLoader:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from deployments.openai_content import ContentPart, ImageRef, content_part
 from deployments.openai_errors import APIError
 from deployments.openai_fields import ChatIgnoredFields, IgnoredFields
 from deployments.openai_structured import ResponseFormat
@@ -175,30 +175,6 @@ class CompletionRequest(_SamplingFields):
             raise APIError("best_of must be 1", param="best_of")
 
 
-class ImageURL(BaseModel):
-    """An `image_url` part's object. `detail` is accepted and ignored: the checkpoint's own
-    processor decides an image's resolution (LFM2-VL and LFM3-VL have no low/high mode)."""
-
-    model_config = _STRICT
-    url: str = Field(min_length=1)
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    type: str
-    text: str | None = None
-    image_url: ImageURL | None = None
-
-
-@dataclass(frozen=True)
-class ImageRef:
-    """One image of a chat request: its URL and the request field a refusal names."""
-
-    url: str
-    param: str
-
-
 class ChatMessage(BaseModel):
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -224,7 +200,7 @@ class ChatMessage(BaseModel):
             return self.content or ""
         texts = []
         for j, part in enumerate(self.content):
-            one = self._part(index, j, part)
+            one = content_part(index, j, part)
             if "url" in one:  # NOTE: chat requests with images take the multimodal path
                 where = f"messages.{index}.content.{j}"
                 raise APIError(f"{where}: images are not accepted here", param=where)
@@ -235,7 +211,7 @@ class ChatMessage(BaseModel):
         """The message's image parts, in order."""
         if not isinstance(self.content, list):
             return []
-        parts = [(j, self._part(index, j, p)) for j, p in enumerate(self.content)]
+        parts = [(j, content_part(index, j, p)) for j, p in enumerate(self.content)]
         where = f"messages.{index}.content"
         return [ImageRef(p["url"], f"{where}.{j}.image_url") for j, p in parts if "url" in p]
 
@@ -245,22 +221,9 @@ class ChatMessage(BaseModel):
         listed = isinstance(self.content, list)
         msg = self.template_dict(index, text=not listed)
         if listed:
-            parts = [self._part(index, j, p) for j, p in enumerate(self.content)]
+            parts = [content_part(index, j, p) for j, p in enumerate(self.content)]
             msg["content"] = [{"type": "image"} if "url" in p else p for p in parts]
         return msg
-
-    @staticmethod
-    def _part(index: int, j: int, part: ContentPart) -> dict[str, str]:
-        """A text part as `{"type": "text", "text"}`, an image part as `{"url"}`; else a 400."""
-        where = f"messages.{index}.content.{j}"
-        if part.type == "text" and part.text is not None:
-            return {"type": "text", "text": part.text}
-        if part.type == "image_url":
-            if part.image_url is None:
-                raise APIError(f"{where}.image_url: required", param=f"{where}.image_url")
-            return {"url": part.image_url.url}
-        msg = f"{where}: content part of type {part.type!r} is not supported (text, image_url)"
-        raise APIError(msg, param=f"{where}.type")
 
 
 class ChatCompletionRequest(_SamplingFields, ChatIgnoredFields):

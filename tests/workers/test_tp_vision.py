@@ -1,6 +1,6 @@
 """LFM2-VL and LFM3-VL at tp_size 2 on Ray (CPU, gloo): transformers' greedy tokens for one
-image, for a batch mixing image and text requests split over chunks, and (LFM2-VL) for a
-prefix-cache hit on the image. Each step's plan carries its images to every rank, whose
+image, for a batch mixing image and text requests split over chunks, and for a prefix-cache
+hit on the image. Each step's plan carries its images to every rank, whose
 replicated encoder embeds them (docs/vision.md), so every rank places the same rows."""
 
 from __future__ import annotations
@@ -140,15 +140,15 @@ def test_tp2_prefix_cache_hit_on_the_image(tp2, case: VisionCase) -> None:
 
 
 def serve_lfm3(
-    tp2: tuple[WorkerSpec, RayExecutor], case: Lfm3VlCase, requests: list[Request], budget: int
-) -> list[StepPlan]:
+    engine: LLMEngine, case: Lfm3VlCase, requests: list[Request]
+) -> tuple[list[int], list[StepPlan]]:
     feed = [(r.ids, r.images) for r in requests]
-    _, plans = run_all(tp2_engine(tp2, budget), feed, [case.oracle(r) for r in requests])
-    return plans
+    return run_all(engine, feed, [case.oracle(r) for r in requests])
 
 
 def test_tp2_lfm3_vl_one_image(lfm3_tp2, lfm3_case: Lfm3VlCase) -> None:
-    serve_lfm3(lfm3_tp2, lfm3_case, [lfm3_case.request([("user", [Pic(20, 44), "What?"])])], 512)
+    request = lfm3_case.request([("user", [Pic(20, 44), "What?"])])
+    serve_lfm3(tp2_engine(lfm3_tp2), lfm3_case, [request])
 
 
 def test_tp2_lfm3_vl_batch_mixing_image_and_text_over_chunks(
@@ -159,5 +159,15 @@ def test_tp2_lfm3_vl_batch_mixing_image_and_text_over_chunks(
         lfm3_case.request([("user", [Pic(20, 44, seed=1), "One image."])]),
         lfm3_case.request([("user", ["Two:", Pic(32, 32, seed=2), Pic(40, 16, seed=3)])]),
     ]
-    plans = serve_lfm3(lfm3_tp2, lfm3_case, requests, budget=16)
+    _, plans = serve_lfm3(tp2_engine(lfm3_tp2, budget=16), lfm3_case, requests)
     assert any(s.src > 0 for p in plans for seq in p.seqs for s in seq.images), "split images"
+
+
+def test_tp2_lfm3_vl_prefix_cache_hit_on_the_image(lfm3_tp2, lfm3_case: Lfm3VlCase) -> None:
+    request = lfm3_case.request([("user", [Pic(32, 32, seed=5), "Again?"])])
+    engine = tp2_engine(lfm3_tp2)
+    serve_lfm3(engine, lfm3_case, [request])
+    (cached,), plans = serve_lfm3(engine, lfm3_case, [request])
+    image_id = lfm3_case.hf.config.image_token_id
+    last_image_token = max(i for i, t in enumerate(request.ids) if t == image_id)
+    assert cached > last_image_token and not any(p.encoder_inputs for p in plans)

@@ -4,11 +4,13 @@
 processor, which needs torchvision even to be constructed; where torchvision does not import
 (the CPU test machine), `ImageOnlyLfm3VlProcessor` is transformers' same processor without it:
 the image processor (its PIL backend), the tokenizer and the placeholder expansion are
-transformers' own, and video inputs are refused.
+transformers' own. NOTE: with no video processor it ignores `videos=`; the engine takes images
+only (`GridImageInput.split` refuses video tensors).
 """
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,6 @@ def load_processor(path: str | Path) -> Any:
     try:
         return AutoProcessor.from_pretrained(str(path))
     except ImportError:
-        import json
-
         config = json.loads((Path(path) / "config.json").read_text())
         if config.get("model_type") != "lfm3_vl":
             raise

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from deployments.image_limits import ImageLimits
 from shortconv.configs.config import EngineConfig
 
 
@@ -82,6 +83,7 @@ class AppArgs(EngineArgs):
     max_stored_responses: int = Field(10_000, ge=1)
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(2, ge=1)
+    images: ImageLimits = ImageLimits()  # chat image parts (deployments/image_limits.py)
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> AppArgs:

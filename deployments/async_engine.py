@@ -15,9 +15,9 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from deployments.engine_commands import (
     Abort,
@@ -34,6 +34,9 @@ from deployments.engine_commands import (
 from deployments.engine_types import Delta, EngineDead, EngineLike, EngineOverloaded
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from shortconv.engine.images import AnyImage
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,13 @@ def _stop_running_loops() -> None:
     flight finishes, then the thread returns."""
     for engine in list(_running):
         engine.shutdown()
+
+
+class _Submitted(NamedTuple):
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    images: tuple[AnyImage, ...]
 
 
 class _Admission:
@@ -107,8 +117,10 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         session_id: str | None = None,
+        images: Sequence[AnyImage] = (),
     ) -> AsyncIterator[Delta]:
         """Check the request now, then stream its deltas; the last has `finish_reason` set.
+        `images` fill the prompt's image placeholders in order (shortconv/engine/images.py).
         With `params.n` > 1 the forks' deltas come interleaved, each with its `index`, until
         every fork has finished (or one failed).
 
@@ -119,6 +131,8 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDead(self._error or "the engine loop is not running")
         self.engine.validate(prompt_token_ids, params)  # read-only: safe off the loop thread
+        if images:
+            self.engine.place_images(prompt_token_ids, images, params.n)  # read-only too
         # NOTE: a request counts once per fork; one alone on an idle replica is admitted
         # whatever its n, so an n above the limit is slow rather than refused forever.
         if self._num_active and self._num_active + params.n > self.admission_limit:
@@ -130,20 +144,17 @@ class AsyncEngine:
         # streams start. The admission is given back exactly once: when the stream ends, or
         # when a stream that was never iterated is dropped (its generator's finalizer).
         admitted = _Admission(self, params.n)
-        deltas = self._stream(list(prompt_token_ids), params, request_id, session_id, admitted)
+        request = _Submitted(request_id, list(prompt_token_ids), params, tuple(images))
+        deltas = self._stream(request, session_id, admitted)
         weakref.finalize(deltas, admitted.release)
         return deltas
 
     async def _stream(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        rid: str,
-        session_id: str | None,
-        admitted: _Admission,
+        self, request: _Submitted, session_id: str | None, admitted: _Admission
     ) -> AsyncIterator[Delta]:
+        rid, prompt, params, images = request
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)
-        self._cmds.put(AddRequest(rid, prompt, params, stream))
+        self._cmds.put(AddRequest(rid, prompt, params, stream, images))
         left, failed = params.n, False
         try:
             while left and not failed:
@@ -252,8 +263,10 @@ class AsyncEngine:
             put(stream, _final(prompt, FinishReason.ERROR, self._error))
             return
         try:
+            # NOTE: `images` only when there are some: a text-only engine need not take them.
+            extra = {"images": cmd.images} if cmd.images else {}
             self.engine.add_request(
-                prompt, cmd.params, request_id=rid, session_id=stream.session_id
+                prompt, cmd.params, request_id=rid, session_id=stream.session_id, **extra
             )
         except Exception as exc:  # validated already; this is a race or a duplicate id
             put(stream, _final(prompt, FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))

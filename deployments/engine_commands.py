@@ -11,6 +11,7 @@ from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from deployments.engine_types import Delta
+    from shortconv.engine.images import AnyImage
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class AddRequest:
     prompt: list[int]
     params: SamplingParams
     stream: Stream
+    images: tuple[AnyImage, ...] = ()  # the prompt's images, in order (engine/images.py)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -9,6 +10,7 @@ from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from shortconv.engine.images import AnyImage
     from shortconv.engine.stats import EngineStats, GraphStats
     from shortconv.metrics.recorder import MetricsRecorder
 
@@ -37,7 +39,14 @@ class EngineLike(Protocol):
         params: SamplingParams,
         request_id: str | None = None,
         session_id: str | None = None,
+        images: Sequence[AnyImage] = (),  # NOTE: passed only when there are some
     ) -> str: ...
+    def place_images(
+        self, prompt_token_ids: list[int], images: Sequence[AnyImage], n: int = 1
+    ) -> Any:
+        """Each image's placeholders in the prompt, or InvalidRequest (a vision model only:
+        called only for a request with images)."""
+
     def abort_request(self, request_id: str) -> RequestOutput | None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished(self) -> bool: ...

@@ -13,10 +13,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.async_engine import AsyncEngine
+from deployments.chat_images import ChatImages
 from deployments.engine_types import Delta, EngineDead, EngineOverloaded
+from deployments.image_limits import ImageLimits
 from deployments.openai_deltas import Accumulator, by_choice, collect, merge, with_deadline
 from deployments.openai_errors import RETRY_AFTER_S, APIError
 from deployments.openai_format import Formatter, StreamUsage
@@ -35,6 +37,9 @@ from deployments.tool_parsers import parser_for_template
 from deployments.tool_stream import special_pattern
 from shortconv.sampling.grammar import GrammarError
 from shortconv.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from shortconv.engine.images import AnyImage
 
 MAX_RECORDED_PREFIXES = 4096  # prefix hashes a replica reports (a few KiB in its stats)
 
@@ -56,6 +61,7 @@ class _Job:
     fmt: Formatter
     usage: StreamUsage
     grammar_param: str = "response_format"  # the field a grammar that fails to compile names
+    images: tuple[AnyImage, ...] = ()  # a chat prompt's images, in order
 
     def accumulators(self) -> list[Accumulator]:
         n = self.params.n
@@ -67,8 +73,11 @@ class _Job:
 class OpenAIReplica:
     """The `Replica` methods (deployments/replica_api.py) over one AsyncEngine."""
 
-    def __init__(self, engine: AsyncEngine, cfg: ApiConfig) -> None:
+    def __init__(
+        self, engine: AsyncEngine, cfg: ApiConfig, images: ChatImages | None = None
+    ) -> None:
         self.engine, self.cfg = engine, cfg
+        self.images = images or ChatImages(ImageLimits(), None)  # default: no images
         self.startup: dict[str, Any] = {}  # the replica's start-up report (LLMServer fills it)
         self.prefixes = PrefixRecord(MAX_RECORDED_PREFIXES)
         self.created = int(time.time())
@@ -82,12 +91,12 @@ class OpenAIReplica:
 
     # ---- generation -------------------------------------------------------------------------
     async def chat(self, request: ChatCompletionRequest, ctx: RequestContext) -> Reply:
-        return await self._whole(self._chat_job(request), ctx)
+        return await self._whole(await self._chat_job(request), ctx)
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: RequestContext
     ) -> AsyncIterator[Reply]:
-        async for reply in self._stream(self._chat_job(request), ctx):
+        async for reply in self._stream(await self._chat_job(request), ctx):
             yield reply
 
     async def completion(self, request: CompletionRequest, ctx: RequestContext) -> Reply:
@@ -174,7 +183,7 @@ class OpenAIReplica:
     ) -> AsyncIterator[Delta]:
         retry = {"retry-after": str(RETRY_AFTER_S)}
         try:
-            return self.engine.generate(prompt, job.params, rid, session_id)
+            return self.engine.generate(prompt, job.params, rid, session_id, job.images)
         except GrammarError as exc:  # a schema that passed our checks but does not compile
             raise APIError(str(exc), param=job.grammar_param) from None
         except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
@@ -244,13 +253,18 @@ class OpenAIReplica:
             return "".join(self._token_text(t) for t in prompt)
         return self.tokenizer.decode(prompt, skip_special_tokens=False)
 
-    def _chat_job(self, req: ChatCompletionRequest) -> _Job:
+    async def _chat_job(self, req: ChatCompletionRequest) -> _Job:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer, so no chat template", param="messages")
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
         grammar, grammar_param = chat_grammar(req.response_format, tools)
-        messages, tools_listed = req.chat_messages(), req.template_tools()
-        prompt = render_chat(self.tokenizer, messages, req.add_generation_prompt, tools_listed)
+        refs, tools_listed, images = req.image_refs(), req.template_tools(), ()
+        if refs:  # the multimodal path: the checkpoint's processor renders and expands
+            mm = await self.images.prompt(req, refs, tools_listed)
+            prompt, images = mm.token_ids, mm.images
+        else:
+            messages = req.chat_messages()
+            prompt = render_chat(self.tokenizer, messages, req.add_generation_prompt, tools_listed)
         requested = req.requested_max_tokens()
         max_tokens = (
             requested if requested is not None else max(1, self.max_model_len - len(prompt))
@@ -263,7 +277,7 @@ class OpenAIReplica:
             skip_special_tokens=tools is None or tools.mode != "auto",
         )
         fmt = self._formatter(True, params.logprobs is not None, tools)
-        return _Job([prompt], params, fmt, _usage(req), grammar_param)
+        return _Job([prompt], params, fmt, _usage(req), grammar_param, images)
 
 
 def _usage(req: ChatCompletionRequest | CompletionRequest) -> StreamUsage:

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from deployments.openai_content import ContentPart, ImageRef, content_part
 from deployments.openai_errors import APIError
 from deployments.openai_fields import ChatIgnoredFields, IgnoredFields
 from deployments.openai_structured import ResponseFormat
@@ -174,12 +175,6 @@ class CompletionRequest(_SamplingFields):
             raise APIError("best_of must be 1", param="best_of")
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    type: str
-    text: str | None = None
-
-
 class ChatMessage(BaseModel):
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -188,9 +183,9 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCallIn] | None = None  # assistant turns
     tool_call_id: str | None = None  # tool turns
 
-    def template_dict(self, index: int) -> dict[str, Any]:
+    def template_dict(self, index: int, text: bool = True) -> dict[str, Any]:
         """The message as the chat template sees it (text content, call arguments parsed)."""
-        msg: dict[str, Any] = {"role": self.role, "content": self.text(index)}
+        msg: dict[str, Any] = {"role": self.role, "content": self.text(index) if text else None}
         if self.tool_calls:
             if self.role != "assistant":
                 where = f"messages.{index}.tool_calls"
@@ -203,15 +198,32 @@ class ChatMessage(BaseModel):
     def text(self, index: int) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        parts = []
-        for part in self.content:
-            if part.type != "text" or part.text is None:
-                raise APIError(
-                    f"content part of type {part.type!r} is not supported (text only)",
-                    param=f"messages.{index}.content",
-                )
-            parts.append(part.text)
-        return "".join(parts)
+        texts = []
+        for j, part in enumerate(self.content):
+            one = content_part(index, j, part)
+            if "url" in one:  # NOTE: chat requests with images take the multimodal path
+                where = f"messages.{index}.content.{j}"
+                raise APIError(f"{where}: images are not accepted here", param=where)
+            texts.append(one["text"])
+        return "".join(texts)
+
+    def images(self, index: int) -> list[ImageRef]:
+        """The message's image parts, in order."""
+        if not isinstance(self.content, list):
+            return []
+        parts = [(j, content_part(index, j, p)) for j, p in enumerate(self.content)]
+        where = f"messages.{index}.content"
+        return [ImageRef(p["url"], f"{where}.{j}.image_url") for j, p in parts if "url" in p]
+
+    def multimodal_dict(self, index: int) -> dict[str, Any]:
+        """The message for a processor's chat template: content as text and image parts (an
+        image part as `{"type": "image"}`: the processor is handed the images themselves)."""
+        listed = isinstance(self.content, list)
+        msg = self.template_dict(index, text=not listed)
+        if listed:
+            parts = [content_part(index, j, p) for j, p in enumerate(self.content)]
+            msg["content"] = [{"type": "image"} if "url" in p else p for p in parts]
+        return msg
 
 
 class ChatCompletionRequest(_SamplingFields, ChatIgnoredFields):
@@ -247,6 +259,13 @@ class ChatCompletionRequest(_SamplingFields, ChatIgnoredFields):
 
     def chat_messages(self) -> list[dict[str, Any]]:
         return [m.template_dict(i) for i, m in enumerate(self.messages)]
+
+    def image_refs(self) -> list[ImageRef]:
+        """Every image of the conversation, in order (none: the text-only path)."""
+        return [ref for i, m in enumerate(self.messages) for ref in m.images(i)]
+
+    def multimodal_messages(self) -> list[dict[str, Any]]:
+        return [m.multimodal_dict(i) for i, m in enumerate(self.messages)]
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template takes them (OpenAI's shape, as vLLM passes them)."""

@@ -22,6 +22,7 @@ from ray import serve
 
 from deployments.args import AppArgs
 from deployments.async_engine import AsyncEngine
+from deployments.chat_images import ChatImages
 from deployments.engine_types import EngineLike
 from deployments.metrics_sink import attach_ray_metrics
 from deployments.model_source import resolve_model, served_model_name
@@ -111,6 +112,8 @@ class LLMServer(OpenAIReplica):
         engine = await asyncio.to_thread(factory, app_args)
         if engine_factory:
             clock.phases.append(("engine", time.perf_counter() - t0))
+        with clock.phase("processor"):  # the checkpoint's processor, for chat images
+            images = await asyncio.to_thread(ChatImages.for_engine, engine, app_args.images)
         with clock.phase("loop"):
             # NOTE: before the loop starts, so every series exists (at 0) from the replica's
             # start; inside a replica Ray tags them with application, deployment and replica.
@@ -119,7 +122,7 @@ class LLMServer(OpenAIReplica):
             loop.start()
         replica_id = serve.get_replica_context().replica_id.to_full_id_str()
         name = served_model_name(app_args)
-        super().__init__(loop, ApiConfig(name, replica_id, app_args.request_timeout_s))
+        super().__init__(loop, ApiConfig(name, replica_id, app_args.request_timeout_s), images)
         self.startup = startup_summary(clock.report("replica"), threads, engine)
         log.info("replica %s ready", replica_id)
 

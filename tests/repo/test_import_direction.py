@@ -212,6 +212,8 @@ ENGINE_SURFACE = (
     "shortconv.engine.outputs",
     "shortconv.engine.stats",
     "shortconv.engine.tokenizer",
+    "shortconv.engine.images",  # a request's images (`add_request(images=...)`), as offline
+    "shortconv.configs.hf.processors",  # the checkpoint's own processor, for chat images
     "shortconv.metrics",
     "shortconv.tiny",
 )

@@ -1,0 +1,49 @@
+"""A chat request's images, fetched and decoded on the replica: every `image_url` part becomes
+an RGB PIL image, or the request is refused with a 400 naming the part
+(`messages.<i>.content.<j>.image_url`). Downloads run concurrently on the event loop; decoding
+runs in a worker thread, so a large image never blocks the loop (nor the engine's thread)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from PIL import Image
+
+from deployments.image_decode import decode_image
+from deployments.image_fetch import ImageError, fetch_image
+from deployments.image_limits import ImageLimits
+from deployments.openai_content import ImageRef
+from deployments.openai_errors import APIError
+
+
+class ImageLoader:
+    """Fetches and decodes a request's images within `limits`, over one shared http client."""
+
+    def __init__(self, limits: ImageLimits, client: httpx.AsyncClient | None = None) -> None:
+        self.limits = limits
+        self.client = client or httpx.AsyncClient(trust_env=False)
+
+    async def load(self, refs: list[ImageRef]) -> list[Image.Image]:
+        """The images in order; the first that fails refuses the request (the rest are
+        cancelled)."""
+        if len(refs) > self.limits.max_images:
+            over = refs[self.limits.max_images]
+            msg = f"{len(refs)} images in this request; at most {self.limits.max_images}"
+            raise APIError(f"{over.param}: {msg}", param=over.param)
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._one(ref)) for ref in refs]
+        except* APIError as errors:
+            raise errors.exceptions[0] from None
+        return [t.result() for t in tasks]
+
+    async def _one(self, ref: ImageRef) -> Image.Image:
+        try:
+            data = await fetch_image(ref.url, self.limits, self.client)
+            return await asyncio.to_thread(decode_image, data, self.limits)
+        except ImageError as exc:
+            raise APIError(f"{ref.param}: {exc}", param=ref.param) from None
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

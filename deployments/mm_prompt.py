@@ -64,9 +64,12 @@ class PromptBuilder:
             raise PromptError(f"the processor refused this request: {exc}") from None
         ids = [int(t) for t in out["input_ids"][0]]
         try:
-            return MultimodalPrompt(ids, tuple(self._engine_images(out, ids)))
+            engine_images = tuple(self._engine_images(out, ids))
         except (ValueError, KeyError) as exc:  # outputs the engine's image kind refuses or lacks
             raise PromptError(f"the processor's outputs do not fit this model: {exc}") from None
+        for image in engine_images:
+            image.digest  # noqa: B018  (here, on this worker thread, not on the engine loop)
+        return MultimodalPrompt(ids, engine_images)
 
     def _engine_images(self, out: Mapping[str, torch.Tensor], ids: list[int]) -> list[AnyImage]:
         if self.spec.kind is GridImageInput:

@@ -25,12 +25,14 @@ def tiny_checkpoint(arch: str, seed: int, root: Path | None = None) -> Path:
     winner's. The name carries a hash of the generator's sources (its chat templates and tokenizer
     included), so a changed generator never reuses a stale cache.
     """
+    from shortconv import tiny
     from shortconv.engine import tokenizer
-    from shortconv.tiny import checkpoint, presets, rerandomize, templates, vision
+    from shortconv.tiny import checkpoint
 
     root = root or cache_root()
-    sources = (checkpoint, presets, rerandomize, templates, vision, tokenizer)
-    digest = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in sources))
+    # NOTE: every module of the generator package, so a new one (a new arch) is never missed.
+    sources = [*sorted(Path(tiny.__file__).parent.glob("*.py")), Path(tokenizer.__file__)]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources))
     digest = digest.hexdigest()[:10]
     final = root / f"tiny-{arch}-{seed}-{digest}"
     if (final / "config.json").is_file():

@@ -13,16 +13,43 @@ into the digest) and how a step's images batch into the model's `encode_images` 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 import torch
 
 from shortconv.sampling.sampling_params import InvalidRequest
 
 
+class Digested:
+    """An image's content digest, computed on first use and kept with the image: only kept
+    state (prefix caching, sessions) reads it, and the service computes it on the replica's
+    worker thread that made the image (deployments/mm_prompt.py), so a sha256 over every pixel
+    never runs on the engine loop there."""
+
+    pixel_values: torch.Tensor
+    grids: Any
+
+    @cached_property
+    def digest(self) -> int:
+        return image_digest(self)
+
+
+def image_digest(image: Digested) -> int:
+    """A negative id from the sha256 of the image's pixels (bytes, dtype, shape) and patch grids
+    (`spatial_shapes` or `image_grid_thw`): equal for the same processor output, different (but
+    for a 2**-63 chance) otherwise."""
+    pixels = image.pixel_values.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{pixels.dtype}{tuple(pixels.shape)}{image.grids}".encode())
+    h.update(pixels.view(torch.uint8).numpy().tobytes())
+    return -1 - int.from_bytes(h.digest()[:8], "little") // 2
+
+
 @dataclass(frozen=True)
-class ImageInput:
+class ImageInput(Digested):
     """One image as transformers' image processor returns it: `pixel_values` `[tiles,
     max_patches, channels * p * p]` and each tile's patch grid `(h, w)`; a tile's first h * w
     rows are its patches (the rest is padding, as `pixel_attention_mask` marks)."""
@@ -80,7 +107,7 @@ class ImageInput:
 
 
 @dataclass(frozen=True)
-class GridImageInput:
+class GridImageInput(Digested):
     """One image as LFM3-VL's (Qwen2-VL's) image processor returns it: its rows of
     `pixel_values` `[h * w, channels * temporal * p * p]` (merge blocks contiguous) and its
     `image_grid_thw` row `(t, h, w)`; t is 1 for an image (a video has more frames)."""

@@ -17,16 +17,12 @@ same image hits and a different image behind the same text misses at its first p
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
-
-import torch
 
 from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf import lfm2_vl, lfm3_vl
-from shortconv.engine.image_inputs import AnyImage, GridImageInput, ImageInput
+from shortconv.engine.image_inputs import AnyImage, GridImageInput, ImageInput, image_digest
 from shortconv.sampling.sampling_params import InvalidRequest
 
 # NOTE: re-exported: the engine, the tests and the request path import the kinds from here.
@@ -86,21 +82,9 @@ class PlacedImage:
         pos, n = self.spans[-1]
         return pos + n
 
-    @cached_property
+    @property
     def digest(self) -> int:
-        """Computed on first use: only kept state (prefix caching, sessions) reads it, and a
-        sha256 over every pixel is not free on the engine loop."""
-        return image_digest(self.image)
-
-
-def image_digest(image: AnyImage) -> int:
-    """A negative id from the sha256 of the image's pixels (bytes, dtype, shape) and patch grids
-    (`spatial_shapes` or `image_grid_thw`): equal for the same processor output, different (but
-    for a 2**-63 chance) otherwise."""
-    pixels = image.pixel_values.detach().cpu().contiguous()
-    h = hashlib.sha256(f"{pixels.dtype}{tuple(pixels.shape)}{image.grids}".encode())
-    h.update(pixels.view(torch.uint8).numpy().tobytes())
-    return -1 - int.from_bytes(h.digest()[:8], "little") // 2
+        return self.image.digest  # computed once per image (image_inputs.Digested)
 
 
 def key_stream(prompt: list[int], images: Sequence[PlacedImage]) -> list[int]:

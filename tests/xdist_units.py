@@ -33,6 +33,7 @@ RAY_A = frozenset(
         "prefix_routing",
         "tp",
         "metrics",
+        "images",
     )
 )
 _STARTS_RAY = re.compile(

@@ -67,7 +67,8 @@ class LLMEngine:
         self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
         self._outputs: dict[str, RequestOutput] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._counts = {"prompt": 0, "generation": 0, "cached": 0}
+        self._counts = {"prompt": 0, "generation": 0, "cached": 0, "images": 0}
+        self._encoder_seconds = 0.0
         self._finished: dict[str, int] = {}
         extra = _extra_state(self.model_cfg)
         self._pools = ("conv",) + ((extra,) if extra else ())
@@ -194,6 +195,8 @@ class LLMEngine:
             outs += self._fail_all(str(exc))
         else:
             updated = self.scheduler.update(plan, result) if result is not None else []
+            self._counts["images"] += len(plan.encoder_inputs)
+            self._encoder_seconds += result.encoder_seconds if result is not None else 0.0
             outs += [self._emit_or_fail(req) for req in updated]
         if self.metrics is not None:
             self.metrics.step_done(self.stats(), plan, outs, time.perf_counter() - start)
@@ -276,7 +279,12 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return engine_stats(
-            self.scheduler, self._pools, self._counts, self._finished, self.checkpoint_bytes
+            self.scheduler,
+            self._pools,
+            self._counts,
+            self._finished,
+            self.checkpoint_bytes,
+            self._encoder_seconds,
         )
 
     def flush_prefix_cache(self) -> int:

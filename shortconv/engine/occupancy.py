@@ -19,9 +19,11 @@ def engine_stats(
     counts: Mapping[str, int],
     finished: Mapping[str, int],
     checkpoint_bytes: int,
+    encoder_seconds: float = 0.0,
 ) -> EngineStats:
-    """Occupancy now, and the counters since start (`counts`: prompt/generation/cached tokens;
-    `finished`: requests by finish reason); `checkpoint_bytes` is one checkpoint's size."""
+    """Occupancy now, and the counters since start (`counts`: prompt/generation/cached tokens
+    and images encoded; `finished`: requests by finish reason; `encoder_seconds`: the vision
+    encoder's time); `checkpoint_bytes` is one checkpoint's size."""
     cm = scheduler.cache_manager
     return EngineStats(
         pools=pools,
@@ -38,6 +40,8 @@ def engine_stats(
         prompt_tokens_total=counts["prompt"],
         generation_tokens_total=counts["generation"],
         cached_tokens_total=counts["cached"],
+        images_encoded_total=counts.get("images", 0),
+        encoder_seconds_total=encoder_seconds,
         finished_by_reason=dict(finished),
         kv_pages_used_by_kind={
             "full": cm.pages.num_used,

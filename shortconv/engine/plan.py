@@ -109,3 +109,4 @@ class StepResult:
     logprobs: tuple[float | None, ...]
     top_logprobs: tuple[list[tuple[int, float]] | None, ...]
     used_graph: bool = False
+    encoder_seconds: float = 0.0  # the vision encoder's time in this step on rank 0

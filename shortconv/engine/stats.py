@@ -39,6 +39,10 @@ class EngineStats:
     # for models without one). Each group has its own pool, so each has its own total.
     kv_pages_used_by_kind: dict[str, int] = field(default_factory=dict)
     kv_pages_total_by_kind: dict[str, int] = field(default_factory=dict)
+    # Vision models: images run through the encoder (again after a preemption), and its time
+    # (rank 0's; the encoder is replicated on every TP rank).
+    images_encoded_total: int = 0
+    encoder_seconds_total: float = 0.0
 
     @property
     def kv_cache_usage(self) -> float:

@@ -3,6 +3,8 @@ after which the scheduler frees them (engine.encoder_planner decides both)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -19,14 +21,19 @@ class EncoderCache:
         self.model, self.factor, self.device = model, factor, device
         self.entries: dict[int, torch.Tensor] = {}
         self.num_images = 0
+        self.seconds = 0.0  # the encoder's time since start (metrics: encoder seconds)
 
     def encode(self, inputs: tuple[EncoderInput, ...]) -> None:
         """Run the encoder once over all of a step's new images (one batch)."""
         if not inputs:
             return
+        start = time.perf_counter()
         images = [e.image for e in inputs]
         pixels, shapes = type(images[0]).batch(images, self.device)
         tokens = self.model.encode_images(pixels, shapes)
+        if tokens.is_cuda:  # NOTE: only in steps with images: the time is the encoder's own
+            torch.cuda.synchronize(tokens.device)
+        self.seconds += time.perf_counter() - start
         sizes = [e.image.num_tokens(self.factor) for e in inputs]
         for e, rows in zip(inputs, torch.split(tokens, sizes), strict=True):
             self.entries[e.key] = rows

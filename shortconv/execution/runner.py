@@ -87,6 +87,7 @@ class ModelRunner:
             self._copy(plan.copies_before)
         for group, pairs in plan.page_copies_by_group():
             self.pool.copy_pages(self._ids(pairs, 0), self._ids(pairs, 1), group)
+        encoder_s = self.images.seconds if self.images is not None else 0.0
         if self.graphs is not None and plan.seqs and plan.is_decode and not plan.has_images:
             decoded = self.graphs.run(plan)
             hidden_rows, used_graph = decoded.hidden, decoded.used_graph
@@ -101,9 +102,10 @@ class ModelRunner:
             self._copy(plan.copies_after)
         if self.images is not None:
             self.images.free(plan.encoder_frees)
+            encoder_s = self.images.seconds - encoder_s
         samples = [x for s in plan.seqs for x in s.samples]
         if not samples:
-            empty = StepResult(plan.step_id, (), (), (), (), used_graph=used_graph)
+            empty = StepResult(plan.step_id, (), (), (), (), used_graph, encoder_s)
             return empty if self.tp.rank == 0 else None
         logits = self.model.compute_logits(hidden_rows)
         if self.tp.rank != 0:
@@ -111,7 +113,7 @@ class ModelRunner:
         out = self.sampler(_per_sample(logits, plan), [row for _, row in samples])
         ids = tuple(rid for rid, _ in samples)
         tokens, logprobs, tops = tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
-        return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph=used_graph)
+        return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph, encoder_s)
 
     def _forward(self, plan: StepPlan, step: StepTensors) -> torch.Tensor:
         """NOTE: the one place a step's input stops being token ids only: a plan with images

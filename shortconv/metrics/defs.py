@@ -278,6 +278,18 @@ METRICS: tuple[MetricDef, ...] = (
     _m("counter", "generation_tokens_total", "engine.generation_tokens_total", "Generated tokens."),
     _m(
         "counter",
+        "images_encoded_total",
+        "engine.images_encoded_total",
+        "Images run through the vision encoder (once more after a preemption).",
+    ),
+    _m(
+        "counter",
+        "encoder_seconds_total",
+        "engine.encoder_seconds_total",
+        "Seconds the vision encoder ran (TP rank 0's; every rank runs it).",
+    ),
+    _m(
+        "counter",
         "request_success_total",
         "engine.finished_by_reason",
         "Finished requests, by finish reason.",

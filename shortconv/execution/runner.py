@@ -87,7 +87,8 @@ class ModelRunner:
             self._copy(plan.copies_before)
         for group, pairs in plan.page_copies_by_group():
             self.pool.copy_pages(self._ids(pairs, 0), self._ids(pairs, 1), group)
-        encoder_s = self.images.seconds if self.images is not None else 0.0
+        encoder_before = self.images.seconds if self.images is not None else 0.0
+        encoder_s = 0.0  # this step's encoder time (a step with images only)
         if self.graphs is not None and plan.seqs and plan.is_decode and not plan.has_images:
             decoded = self.graphs.run(plan)
             hidden_rows, used_graph = decoded.hidden, decoded.used_graph
@@ -102,7 +103,7 @@ class ModelRunner:
             self._copy(plan.copies_after)
         if self.images is not None:
             self.images.free(plan.encoder_frees)
-            encoder_s = self.images.seconds - encoder_s
+            encoder_s = self.images.seconds - encoder_before
         samples = [x for s in plan.seqs for x in s.samples]
         if not samples:
             empty = StepResult(plan.step_id, (), (), (), (), used_graph, encoder_s)

@@ -16,7 +16,8 @@ setup: $(VPY)
 	$(VPY) -m pip install -q -e ".[serve,dev]"
 
 # pytest-xdist workers: the modules that start Ray run in two units of one worker each, and
-# every other module is a unit of its own (tests/xdist_units.py). TEST_WORKERS=0: serially.
+# every other module is a unit of its own, run at a lower CPU priority (nice) so the Ray units,
+# the critical path, are served first (tests/xdist_units.py). TEST_WORKERS=0: serially.
 TEST_WORKERS ?= 3
 test:
 	@test -x $(VPY) || $(MAKE) setup

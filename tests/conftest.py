@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from xdist_units import make_scheduler, ray_first  # noqa: E402
+from xdist_units import make_scheduler, ray_first, yield_cpu_unless_ray  # noqa: E402
 
 # Serve kills a proxy that is not ready within 5 s, and fails its health check after 10 s; with
 # two Ray clusters starting beside the other tests' work on 2 cores, both are missed now and then.
@@ -24,6 +24,11 @@ os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
 # they never oversubscribe them with torch threads.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _WORKERS > 1:
+        yield_cpu_unless_ray(Path(item.fspath))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

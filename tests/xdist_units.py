@@ -10,10 +10,15 @@ around them.
 
 NOTE: xdist's own `--dist loadgroup` cannot do this here: it renames `item._nodeid`, which pytest
 9.2 no longer reads (nodeids come from `item._id`), so its groups are silently ignored.
+
+A worker running a file unit lowers its CPU priority (`yield_cpu_unless_ray`): the Ray units are
+the suite's critical path, and their clusters' many processes lose to the file units' busy
+torch threads on 2 cores; niced, the file units take what the Ray units leave idle.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from functools import cache
 from pathlib import Path
@@ -48,6 +53,23 @@ def unit_of(path: Path) -> str | None:
     if not _STARTS_RAY.search(path.read_text()):
         return None
     return UNIT_A if path.name in RAY_A else UNIT_B
+
+
+FILE_UNIT_NICE = 10  # CFS weight 110 against 1024 at nice 0: idle time, mostly
+
+
+def yield_cpu_unless_ray(path: Path) -> None:
+    """Before a test: a worker in a file unit runs at FILE_UNIT_NICE, every thread of it (Linux
+    nice is per thread, and torch's pool already exists), and so does what it starts; back at 0
+    for a Ray unit where the OS lets it (root)."""
+    if not os.path.isdir("/proc/self/task"):
+        return  # not Linux: no per-thread nice to set
+    nice = 0 if unit_of(path) else FILE_UNIT_NICE
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except OSError:  # the thread ended, or lowering niceness is not allowed here
+            continue
 
 
 def ray_first(items: list[pytest.Item]) -> None:

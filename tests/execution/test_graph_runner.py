@@ -52,6 +52,16 @@ from shortconv.tiny.checkpoint import make_tiny_checkpoint
 ARCHS = ["lfm2", "lfm2_moe", "lfm3", "zaya1"]
 # Prompt lengths: contexts land in all three context buckets (16, 32, 64) after prefill.
 PROMPT_LENS = (3, 14, 9, 30, 5, 17, 40, 12)
+# The fewest layers that keep every layer kind of an architecture: the protocol is per layer
+# kind, and each layer costs the interpreted Triton variants ~4 s per test.
+FEWER_LAYERS = {
+    "lfm2": {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"]},
+    "lfm3": {
+        "num_hidden_layers": 3,
+        "layer_types": ["conv", "sliding_attention", "full_attention"],
+    },
+    "zaya1": {"num_hidden_layers": 2},
+}
 
 
 def _prompts(seed: int) -> list[list[int]]:
@@ -65,7 +75,9 @@ def prefilled(request, tmp_path_factory):
     arch = request.param
     if arch == "zaya1" and (reason := zaya_skip_reason()):
         pytest.skip(reason)
-    path = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch), seed=11)
+    path = make_tiny_checkpoint(
+        arch, tmp_path_factory.mktemp(arch), FEWER_LAYERS.get(arch), seed=11
+    )
     runner = make_runner(path)
     seqs = Seqs(_prompts(5), window_groups(runner))
     result = runner.execute(seqs.prefill())

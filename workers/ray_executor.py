@@ -100,7 +100,7 @@ class RayExecutor(BaseExecutor):
         start_timeout_s: float = 300.0,
     ) -> None:
         # NOTE: every refusal happens before Ray is touched, so a bad tp_size costs nothing.
-        check_support(spec.model_cfg, spec.device, tp_size)
+        check_support(spec.model_cfg, spec.device, tp_size, spec.engine_cfg.quantization)
         check_tp_shards(spec.model_cfg, spec.engine_cfg, tp_size)
         if dispatch not in ("actor", "compiled"):
             raise ConfigError(f"dispatch must be 'actor' or 'compiled', got {dispatch!r}")

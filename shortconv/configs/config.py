@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -175,6 +175,11 @@ class EngineConfig:
     # on the plain weight measured within 0-13% of it at 32 rows and 1.4-2x faster at one row
     # (docs/serving_path.md, Memory), so one copy serves every batch size.
     prepack_cpu_weights: bool = False
+    # Linear weights quantized at load, per rank after TP sharding (shortconv.layers.quantize):
+    # "int8": int8 per output channel with per-token int8 activations, on CPU (fbgemm). The
+    # embedding, the LM head, routed experts and vision towers keep the model dtype. "int4"
+    # and "fp8" are named so a YAML asking for them is refused at start-up with the reason.
+    quantization: Literal["none", "int8", "int4", "fp8"] = "none"
     # Automatic prefix caching (shortconv.cache.prefix_cache): KV pages shared by reference,
     # recurrent state checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64
     # rounded up to whole pages; a multiple of kv_page_size) and at every end of prompt and of

@@ -15,8 +15,11 @@ from shortconv.kernels.launch_config import MAX_CONV_WIDTH
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
-def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
+def check_support(
+    cfg: ModelConfig, device: torch.device, tp_size: int, quantization: str = "none"
+) -> None:
     """Raise ConfigError naming the unsupported combination; never fail later mid-request."""
+    check_quantization(quantization, cfg, device)
     if cfg.arch not in ARCH_BY_CLASS.values():
         raise ConfigError(f"architecture {cfg.arch!r} has no backend")
     if device.type not in _DEVICE_TYPES:
@@ -42,3 +45,29 @@ def check_support(cfg: ModelConfig, device: torch.device, tp_size: int) -> None:
     for what, n in dims.items():
         if n % tp_size:
             raise ConfigError(f"tp_size={tp_size} does not divide {what} = {n}")
+
+
+def check_quantization(method: str, cfg: ModelConfig, device: torch.device) -> None:
+    """`EngineConfig.quantization` for this model on this device, or a ConfigError saying why
+    not (before any weight is read)."""
+    if method == "none":
+        return
+    if method != "int8":
+        raise ConfigError(
+            f"quantization={method!r} is not implemented yet; supported: 'none', 'int8' (CPU)"
+        )
+    if device.type != "cpu":
+        raise ConfigError(
+            "quantization='int8' runs on CPU only (fbgemm's packed int8 linear); on "
+            f"{device.type} use quantization='none'"
+        )
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ConfigError(
+            "quantization='int8' needs torch's fbgemm quantized engine, which this torch build "
+            f"lacks (it has {torch.backends.quantized.supported_engines})"
+        )
+    if cfg.arch in ("lfm2_vl", "lfm3_vl"):
+        raise ConfigError(
+            f"quantization='int8' is not measured for {cfg.arch}'s vision tower yet; serve it "
+            "with quantization='none'"
+        )

@@ -19,6 +19,7 @@ from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.step_tensors import StepTensors
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.layers.linear import prepack_linears
+from shortconv.layers.quantize import quantize_linears, weight_bytes
 from shortconv.models.build import build_model
 from shortconv.models.loader import iter_checkpoint
 from shortconv.models.registry import model_class
@@ -33,7 +34,7 @@ class ModelRunner:
     def __init__(self, spec: WorkerSpec, tp: ParallelContext) -> None:
         model_cfg, engine_cfg = spec.model_cfg, spec.engine_cfg
         device, dtype = spec.device, spec.dtype
-        check_support(model_cfg, device, tp.size)
+        check_support(model_cfg, device, tp.size, engine_cfg.quantization)
         self.cfg, self.tp, self.device, self.dtype = model_cfg, tp, device, dtype
         cls = model_class(model_cfg.arch)
         t0 = time.perf_counter()
@@ -47,6 +48,24 @@ class ModelRunner:
             tp.rank,
             model_cfg.arch,
             self.startup_s["weights"],
+        )
+        if engine_cfg.quantization != "none":
+            t0 = time.perf_counter()
+            n = quantize_linears(model, engine_cfg.quantization)
+            self.startup_s["quantize"] = time.perf_counter() - t0
+            log.info(
+                "rank %d: quantized %d linear layers to %s in %.1fs",
+                tp.rank,
+                n,
+                engine_cfg.quantization,
+                self.startup_s["quantize"],
+            )
+        # This rank's weights by storage dtype (the start-up log; quantized layers under int8).
+        self.weight_bytes = weight_bytes(model)
+        log.info(
+            "rank %d: weights %s",
+            tp.rank,
+            ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(self.weight_bytes.items())),
         )
         if engine_cfg.prepack_cpu_weights and device.type == "cpu":
             t0 = time.perf_counter()

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shortconv.execution.parallel import ParallelContext
+from shortconv.kernels.int8_linear_cpu import Int8Weight, int8_linear
 from shortconv.layers.shard import load_shard_, mark_rows, mark_shard
 
 __all__ = [
@@ -64,11 +65,18 @@ class PackedWeight:
     version: int
 
 
+# What a layer may hold beside its weight: a oneDNN-blocked copy, or its quantized form (then
+# the float weight is empty and the quantized one is the layer's only copy).
+Packed = PackedWeight | Int8Weight
+
+
 def _onednn_weight(
-    x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None
+    x: torch.Tensor, weight: torch.Tensor, packed: Packed | None
 ) -> torch.Tensor | None:
     """The weight to hand oneDNN's inner product for `x` (the blocked copy where it applies),
-    or None where F.linear is the better (or only) path."""
+    or None where F.linear (or the quantized path) is the better or only one."""
+    if isinstance(packed, Int8Weight):
+        return None
     if packed is None and weight.numel() < ONEDNN_MIN_WEIGHT:
         return None  # first: the common answer for small models, checked per call
     if not (
@@ -103,8 +111,8 @@ def silu_mul(
     x: torch.Tensor,
     w_gate: torch.Tensor,
     w_up: torch.Tensor,
-    p_gate: PackedWeight | None = None,
-    p_up: PackedWeight | None = None,
+    p_gate: Packed | None = None,
+    p_up: Packed | None = None,
 ) -> torch.Tensor:
     """silu(x w_gate^T) * (x w_up^T) for x [T, H]; both products and the gating in two oneDNN
     calls (swish and multiply post-ops) when that path applies and T is large enough."""
@@ -120,11 +128,14 @@ def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    packed: PackedWeight | None = None,
+    packed: Packed | None = None,
 ) -> torch.Tensor:
     """F.linear, or oneDNN's inner product for large fp32 CPU weights (same math, inference only:
-    the oneDNN op has no autograd formula, so a grad-tracking call keeps F.linear); `packed`
-    (see `prepack_linears`) is used for batches of PACKED_MIN_ROWS rows and more."""
+    the oneDNN op has no autograd formula, so a grad-tracking call keeps F.linear); a blocked
+    `packed` (see `prepack_linears`) is used for batches of PACKED_MIN_ROWS rows and more, a
+    quantized one (layers.quantize) always."""
+    if isinstance(packed, Int8Weight):
+        return int8_linear(x, packed, bias)
     w = _onednn_weight(x, weight, packed)
     if w is not None:
         flat = x.reshape(-1, x.shape[-1])
@@ -138,7 +149,7 @@ class Packable(nn.Module):
     `packed` once the weights are final."""
 
     weight: nn.Parameter
-    packed: PackedWeight | None = None
+    packed: Packed | None = None
 
 
 def prepack_linears(model: nn.Module) -> int:
@@ -148,7 +159,7 @@ def prepack_linears(model: nn.Module) -> int:
     double the weights' memory for a few percent at batch sizes of 8 and more."""
     added = 0
     for mod in model.modules():
-        if isinstance(mod, Packable):
+        if isinstance(mod, Packable) and not isinstance(mod.packed, Int8Weight):
             mod.packed = pack_weight(mod.weight)
             if mod.packed is not None:
                 added += mod.weight.numel() * mod.weight.element_size()

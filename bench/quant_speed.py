@@ -3,8 +3,10 @@
     .venv/bin/python bench/quant_speed.py --shape lfm2-350m --threads 2
 
 Both engines load the same random checkpoint; rounds alternate between them. Decode tokens/s
-at 1, 8 and 32 parallel requests (128-token prompts): a request's decode time is its run with
+at 1, 8 and 32 parallel requests (32-token prompts): a request's decode time is its run with
 65 output tokens less its run with 1 (the prefill and first token), so prefill is not counted.
+The step budget is a batch job's (every prompt prefilled before decode starts), not the
+streams-first default, which would mix prefill into the decode steps measured.
 The batch-1 memory floor is the weights read per token over the measured copy bandwidth.
 """
 
@@ -30,7 +32,7 @@ from shortconv.llm import LLM  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
 
-PROMPT, DECODE = 128, 64
+PROMPT, DECODE = 32, 64
 
 
 def copy_bandwidth(nbytes: int = 1 << 28) -> float:
@@ -74,7 +76,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_checkpoint(arch, Path(tmp) / "ckpt", overrides, seed=0)
         llms = {
-            q: LLM(path, dtype="float32", quantization=q, max_num_seqs=max(batches))
+            q: LLM(
+                path,
+                dtype="float32",
+                quantization=q,
+                max_num_seqs=max(batches),
+                max_num_batched_tokens=PROMPT * max(batches),
+                max_prefill_tokens_while_decoding=PROMPT * max(batches),
+            )
             for q in ("none", args.quantization)
         }
         weights = {

@@ -71,9 +71,11 @@ def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> 
     serve_log.info("%s; torch threads %d", report.line(), threads)
     for rank in ranks:
         serve_log.info("%s", rank.line())
+    runner = getattr(executor, "runner", None)  # tp_size=1: this process's weights
     return {
         **dataclasses.asdict(report),
         "torch_threads": threads,
+        "weight_bytes": dict(runner.weight_bytes) if runner is not None else {},
         "ranks": [dataclasses.asdict(r) for r in ranks],
     }
 

@@ -54,6 +54,8 @@ SERVED = {
     "lfm2": ("lfm2", {}),
     "lfm2_moe": ("lfm2_moe", {}),
     "lfm3": ("lfm3", {}),
+    # int8 weights: chat, streaming, json_schema and a session's resume all unchanged.
+    "lfm2-int8": ("lfm2", {"quantization": "int8"}),
 }
 
 
@@ -102,6 +104,9 @@ def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> No
     phases = dict(startup["phases"])  # the replica's start, phase by phase, and its memory
     assert {"checkpoint", "engine", "loop"} <= set(phases) and startup["rss_bytes"] > 0
     assert ("weights" in phases) == (args.tp_size == 1)  # else each rank reports its own
+    if args.tp_size == 1:  # quantized at load, and only the int8 copy kept
+        assert ("quantize" in phases) == (args.quantization == "int8")
+        assert ("int8" in startup["weight_bytes"]) == (args.quantization == "int8")
     assert len(startup["ranks"]) == (args.tp_size if args.tp_size > 1 else 0)
     # The YAMLs give the replica the machine (replica_num_cpus: all), split with its ranks.
     plan = cpu_plan("all", args.tp_size)

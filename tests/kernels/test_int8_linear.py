@@ -28,19 +28,22 @@ def test_matches_its_ref(shape: tuple[int, int], bias: bool) -> None:
     q, scale = quantize_int8(w)
     packed = pack_int8(q, scale)
     assert torch.equal(packed.unpacked(), q)
-    x = torch.randn(rows, in_f) * torch.logspace(-2, 2, rows)[:, None]  # rows of any size
-    b = torch.randn(96) if bias else None
+    g = torch.Generator().manual_seed(100 + rows)
+    x = torch.randn(rows, in_f, generator=g) * torch.logspace(-2, 2, rows)[:, None]
+    b = torch.randn(96, generator=g) if bias else None
     got, want = int8_linear(x, packed, b), int8_linear_ref(x, q, scale, b)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    # Against the dequantized weight in fp32, only the activations' ~14 bits are off.
+    dequant = torch.nn.functional.linear(x, q.float() * scale[:, None], b)
+    assert (got - dequant).norm() / dequant.norm() < 1e-3
     exact = torch.nn.functional.linear(x, w, b)
-    err = (got - exact).norm() / exact.norm()
-    assert err < 2e-2, err  # int8 weights (~0.8% each) with ~14-bit activations
+    assert (got - exact).norm() / exact.norm() < 3e-2  # int8 weights, a scale per row
 
 
 def test_a_row_gets_the_same_bits_alone_or_in_any_batch() -> None:
     w = _weight(128, 256, seed=1)
     packed = pack_int8(*quantize_int8(w))
-    x = torch.randn(5, 256)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([int8_linear(x[i : i + 1], packed) for i in range(5)])
     loud = torch.cat([x, torch.randn(11, 256) * 1e3, torch.zeros(1, 256)])
     assert torch.equal(int8_linear(loud, packed)[:5], alone)

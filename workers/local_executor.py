@@ -33,6 +33,9 @@ class LocalExecutor(BaseExecutor):
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         return [self.runner.state_shapes()] if self.runner else []
 
+    def weight_bytes(self) -> dict[str, int]:
+        return dict(self.runner.weight_bytes) if self.runner is not None else {}
+
     def graph_stats(self) -> GraphStats | None:
         graphs = self.runner.graphs if self.runner is not None else None
         return graphs.stats() if graphs is not None else None

@@ -218,6 +218,11 @@ class RayExecutor(BaseExecutor):
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         return self.call_workers("state_shapes")
 
+    def weight_bytes(self) -> dict[str, int]:
+        return self._get(
+            [self.workers[0].weight_bytes.remote()], self.step_timeout_s, "TP rank 0's weights"
+        )[0]
+
     def startup_reports(self) -> list[StartupReport]:
         """Each rank's start-up phases and resident memory (rank order)."""
         return self.call_workers("startup_report")

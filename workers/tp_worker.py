@@ -76,6 +76,9 @@ class TPWorker:
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return self._ready().state_shapes()
 
+    def weight_bytes(self) -> dict[str, int]:
+        return dict(self._ready().weight_bytes)
+
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(p.shape) for n, p in self._ready().model.named_parameters()}
 

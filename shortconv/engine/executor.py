@@ -32,6 +32,11 @@ class BaseExecutor(ABC):
         """Per rank: the shapes of its state tensors (tests assert each rank holds a shard)."""
         return []
 
+    def weight_bytes(self) -> dict[str, int]:
+        """Rank 0's weight bytes by storage dtype (`layers.quantize.weight_bytes`), read once
+        at start-up; empty where the executor cannot say."""
+        return {}
+
     def graph_stats(self) -> GraphStats | None:
         """The graph runner's counters where it runs in this process; None otherwise."""
         return None

@@ -73,6 +73,7 @@ class LLMEngine:
         extra = _extra_state(self.model_cfg)
         self._pools = ("conv",) + ((extra,) if extra else ())
         self.checkpoint_bytes = _bytes_per_slot(spec)  # one checkpoint, whole model
+        self.weight_bytes = executor.weight_bytes()  # rank 0's, by dtype (a metrics gauge)
         # Set by shortconv.metrics.recorder.attach_metrics; None: no metrics work at all.
         self.metrics: MetricsRecorder | None = None
 
@@ -285,6 +286,7 @@ class LLMEngine:
             self._finished,
             self.checkpoint_bytes,
             self._encoder_seconds,
+            self.weight_bytes,
         )
 
     def flush_prefix_cache(self) -> int:

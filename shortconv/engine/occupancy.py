@@ -20,6 +20,7 @@ def engine_stats(
     finished: Mapping[str, int],
     checkpoint_bytes: int,
     encoder_seconds: float = 0.0,
+    weight_bytes: Mapping[str, int] | None = None,
 ) -> EngineStats:
     """Occupancy now, and the counters since start (`counts`: prompt/generation/cached tokens
     and images encoded; `finished`: requests by finish reason; `encoder_seconds`: the vision
@@ -42,6 +43,7 @@ def engine_stats(
         cached_tokens_total=counts["cached"],
         images_encoded_total=counts.get("images", 0),
         encoder_seconds_total=encoder_seconds,
+        weight_bytes_by_dtype=dict(weight_bytes or {}),
         finished_by_reason=dict(finished),
         kv_pages_used_by_kind={
             "full": cm.pages.num_used,

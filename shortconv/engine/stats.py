@@ -43,6 +43,8 @@ class EngineStats:
     # (rank 0's; the encoder is replicated on every TP rank).
     images_encoded_total: int = 0
     encoder_seconds_total: float = 0.0
+    # Rank 0's weights by storage dtype ("int8" with `quantization="int8"`), fixed at start-up.
+    weight_bytes_by_dtype: dict[str, int] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -59,10 +59,18 @@ class Int8Weight:
         return qweight.int_repr()
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight, fp32 row scales): symmetric, scale = the row's largest magnitude / 127."""
+def row_amax(weight: torch.Tensor) -> torch.Tensor:
+    """Each row's largest magnitude (fp32), what `quantize_int8`'s scales derive from."""
+    return weight.detach().float().abs().amax(dim=1)
+
+
+def quantize_int8(
+    weight: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, fp32 row scales): symmetric, scale = the row's largest magnitude / 127.
+    `amax` replaces the rows' own magnitudes (a shard quantized with its whole rows' scales)."""
     w = weight.detach().float()
-    scale = (w.abs().amax(dim=1) / 127).clamp_min(_TINY)
+    scale = ((row_amax(w) if amax is None else amax.float()) / 127).clamp_min(_TINY)
     q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     return q, scale
 

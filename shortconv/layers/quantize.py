@@ -1,8 +1,10 @@
 """Quantize a loaded model's linear weights in place (`EngineConfig.quantization`).
 
-Runs on each rank after its shard is loaded, so each weight is quantized once per rank and its
-row scales are those of the rows the rank holds (a row-parallel shard's scales are its columns'
-own). The quantized layers keep the int8 copy only: the float weight is dropped.
+Runs on each rank after its shard is loaded, so each weight is quantized once per rank. A row's
+scale is its whole row's, whatever the sharding: column-parallel ranks hold whole rows, and a
+row-parallel shard (part of every row's columns) takes the largest magnitude over the ranks
+(one max all-reduce per layer at start-up), so TP ranks hold exactly TP 1's integers, split.
+The quantized layers keep the int8 copy only: the float weight is dropped.
 
 Which weights: every `Packable` projection (attention, short conv, CCA, the dense MLPs) except
 the LM head, which stays in the model dtype like the embedding it often shares. Routed experts
@@ -15,8 +17,8 @@ from collections import Counter
 
 from torch import nn
 
-from shortconv.kernels.int8_linear_cpu import Int8Weight, pack_int8, quantize_int8
-from shortconv.layers.linear import Packable
+from shortconv.kernels.int8_linear_cpu import Int8Weight, pack_int8, quantize_int8, row_amax
+from shortconv.layers.linear import Packable, RowParallelLinear
 from shortconv.layers.vocab import LMHead
 
 
@@ -38,7 +40,10 @@ def quantize_linears(model: nn.Module, method: str) -> int:
         raise ValueError(f"unknown quantization {method!r}")
     layers = quantizable(model)
     for _, mod in layers:
-        qweight, scale = quantize_int8(mod.weight)
+        amax = None
+        if isinstance(mod, RowParallelLinear):  # every rank holds part of each row
+            amax = mod.tp.all_reduce_max(row_amax(mod.weight))
+        qweight, scale = quantize_int8(mod.weight, amax)
         mod.packed = pack_int8(qweight, scale)
         # The float weight goes: an empty tensor keeps the attribute (and its dtype) in place.
         mod.weight = nn.Parameter(mod.weight.new_empty(0), requires_grad=False)

@@ -24,10 +24,12 @@ FALLBACK_REASONS = ("no_bucket", "replay_error")
 FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.ERROR)
 STEP_PHASES = ("decode", "extend", "mixed")
 KV_GROUP_KINDS = ("full", "sliding")  # EngineStats.kv_pages_*_by_kind's keys
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")  # weight_bytes_by_dtype's keys
 _LABEL_VALUES = {
     "finished_reason": FINISHED_REASONS,
     "phase": STEP_PHASES,
     "kind": KV_GROUP_KINDS,
+    "dtype": WEIGHT_DTYPES,
 }
 
 # vLLM's ladders; ITL and step time get sub-10 ms buckets since a short-conv decode step is fast.
@@ -176,6 +178,14 @@ METRICS: tuple[MetricDef, ...] = (
         "engine.kv_pages_total_by_kind",
         "KV pages in each kind's pool (sliding: 0 for models without sliding-window layers).",
         "kind",
+    ),
+    _m(
+        "gauge",
+        "weight_bytes",
+        "engine.weight_bytes_by_dtype",
+        "Weight bytes of TP rank 0 (the replica with tp_size 1) by storage dtype, from start-up "
+        "(int8 with quantization int8: the weights and their scales).",
+        "dtype",
     ),
     _m(
         "counter",

@@ -1,6 +1,10 @@
 """Structured outputs and tool calling through `serve run deployments/lfm2.yaml`, answered to
 the official `openai` client. The checkpoint is the tiny random LFM2: only the grammar can make
-its output valid JSON, let alone valid under the schema."""
+its output valid JSON, let alone valid under the schema.
+
+The app runs with `quantization: int8`: structured outputs and a session's resume work
+unchanged on int8 weights (the fp32 path's json_schema and tool calls are in
+test_serve_yaml.py and test_serve_forks.py)."""
 
 from __future__ import annotations
 
@@ -47,8 +51,28 @@ PARAMS = {"get_weather": WEATHER, "set_alarm": ALARM}
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with yaml_app("lfm2", tmp_path_factory) as url:
+    with yaml_app("lfm2", tmp_path_factory, quantization="int8") as url:
         yield url
+
+
+def test_the_weights_are_int8_and_a_session_resumes(base: str, model: str) -> None:
+    startup = httpx.get(f"{base}/v1/internal/stats", timeout=30).json()["startup"]
+    assert "quantize" in dict(startup["phases"]) and startup["weight_bytes"]["int8"] > 0
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    turn: list[Any] = [{"role": "user", "content": "Remember me."}]
+    session = {"x-session-id": "int8-session"}
+    first = client.chat.completions.create(
+        model=model, messages=turn, max_tokens=4, temperature=0.0, extra_headers=session
+    )
+    turn += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "And now?"},
+    ]
+    second = client.chat.completions.create(
+        model=model, messages=turn, max_tokens=4, temperature=0.0, extra_headers=session
+    )
+    details = second.usage.prompt_tokens_details if second.usage else None
+    assert details is not None and (details.cached_tokens or 0) > 0
 
 
 def fmt(schema: dict[str, Any]) -> dict[str, Any]:

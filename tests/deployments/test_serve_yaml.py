@@ -54,8 +54,6 @@ SERVED = {
     "lfm2": ("lfm2", {}),
     "lfm2_moe": ("lfm2_moe", {}),
     "lfm3": ("lfm3", {}),
-    # int8 weights: chat, streaming, json_schema and a session's resume all unchanged.
-    "lfm2-int8": ("lfm2", {"quantization": "int8"}),
 }
 
 

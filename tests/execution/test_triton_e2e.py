@@ -37,8 +37,17 @@ ARCHS = ("lfm2", "lfm2_moe", "lfm3", "zaya1")
 LENGTHS = (1, 6, 19, 33)
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
-# ZAYA1: a raised skip-class bias so some tokens really take the skip route.
-OVERRIDES: dict[str, dict[str, Any]] = {"zaya1": {"skip_bias": 0.05}}
+# ZAYA1: a raised skip-class bias so some tokens really take the skip route. Fewer layers than
+# the tiny presets (each costs the interpreter seconds), still two of every stateful kind, so a
+# layer reading another layer's state would show.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "zaya1": {"skip_bias": 0.05, "num_hidden_layers": 2},
+    "lfm2": {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention"] * 2},
+    "lfm3": {
+        "num_hidden_layers": 4,
+        "layer_types": ["conv", "sliding_attention", "conv", "full_attention"],
+    },
+}
 _SDPA = F.scaled_dot_product_attention  # the oracle's, restored around its runs
 
 

@@ -3,7 +3,9 @@ teacher-forced quality it keeps (and loses with wrong scales), and batch invaria
 
 from __future__ import annotations
 
+import re
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from shortconv.layers import quantize as quantize_mod
 from shortconv.layers.linear import Packable
 from shortconv.layers.vocab import LMHead
 from shortconv.llm import LLM
+from shortconv.metrics.recorder import serve_metrics
 from shortconv.sampling.sampling_params import SamplingParams
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
@@ -60,8 +63,10 @@ def test_wrong_scales_fail_the_quality_bound(
 ) -> None:
     real = quantize_mod.quantize_int8
 
-    def off_by_a_tenth(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, scale = real(weight)
+    def off_by_a_tenth(
+        weight: torch.Tensor, amax: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scale = real(weight, amax)
         return q, scale * 1.1
 
     monkeypatch.setattr(quantize_mod, "quantize_int8", off_by_a_tenth)
@@ -117,3 +122,23 @@ def test_unsupported_combinations_are_refused_at_start(
     if device == "cpu":  # and through the engine, before any weight is read
         with pytest.raises(ConfigError, match=message):
             LLM(path, dtype="float32", quantization=method)
+
+
+def test_weight_bytes_by_dtype_are_a_gauge(ckpts: dict[str, Path]) -> None:
+    """The real exporter (prometheus_client over HTTP) reports rank 0's weights by dtype."""
+    llm = LLM(ckpts["lfm2"], dtype="float32", quantization="int8")
+    server = serve_metrics(llm)
+    try:
+        llm.generate(prompt_token_ids=[[5, 6, 7]], sampling_params=SamplingParams(max_tokens=2))
+        with urllib.request.urlopen(server.url, timeout=10) as resp:
+            text = resp.read().decode()
+    finally:
+        server.close()
+        llm.shutdown()
+    got = {
+        dtype: float(v)
+        for dtype, v in re.findall(r'^shortconv_weight_bytes\{dtype="(\w+)"\} (\S+)$', text, re.M)
+    }
+    want = llm.engine.weight_bytes
+    assert set(want) == {"float32", "int8"} and want["int8"] > 0
+    assert got == {"float32": want["float32"], "bfloat16": 0, "float16": 0, "int8": want["int8"]}

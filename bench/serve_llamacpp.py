@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -79,15 +78,13 @@ def build_server(jobs: int) -> Path:
 
 
 def convert_f32(model_dir: Path, out: Path) -> Path:
-    """The checkpoint as an f32 GGUF, with llama.cpp's own convert_hf_to_gguf.py (cached)."""
+    """The checkpoint as an f32 GGUF, with llama.cpp's own convert_hf_to_gguf.py (cached), past
+    our random checkpoints' tokenizer (bench/llamacpp_convert.py says how)."""
     if out.is_file():
         return out
-    src = source_dir()
-    env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
-    script = src / "convert_hf_to_gguf.py"
-    cmd = [sys.executable, str(script), str(model_dir), "--outtype", "f32", "--outfile", str(out)]
-    subprocess.run(cmd, check=True, env=env)
-    return out
+    from llamacpp_convert import convert  # noqa: PLC0415 (it imports this module)
+
+    return convert(model_dir, out, "f32")
 
 
 def server_command(server: Path, gguf: Path, port: int, threads: int, slots: int) -> list[str]:

@@ -71,11 +71,10 @@ def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> 
     serve_log.info("%s; torch threads %d", report.line(), threads)
     for rank in ranks:
         serve_log.info("%s", rank.line())
-    runner = getattr(executor, "runner", None)  # tp_size=1: this process's weights
     return {
         **dataclasses.asdict(report),
         "torch_threads": threads,
-        "weight_bytes": dict(runner.weight_bytes) if runner is not None else {},
+        "weight_bytes": dict(getattr(engine, "weight_bytes", {})),  # rank 0's, read at start
         "ranks": [dataclasses.asdict(r) for r in ranks],
     }
 

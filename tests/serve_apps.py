@@ -30,3 +30,23 @@ def yaml_app(name: str, tmp_path_factory: pytest.TempPathFactory, **args: Any) -
 
 def openai_client(base: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def second_turn_cached_tokens(client: openai.OpenAI, model: str, session_id: str) -> int:
+    """Two greedy chat turns of one `x-session-id`; the second turn's `cached_tokens` (what it
+    resumed from the first turn's kept state)."""
+    session = {"x-session-id": session_id}
+    turn: list[Any] = [{"role": "user", "content": "Remember me."}]
+    first = client.chat.completions.create(
+        model=model, messages=turn, max_tokens=4, temperature=0.0, extra_headers=session
+    )
+    turn += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "And now?"},
+    ]
+    second = client.chat.completions.create(
+        model=model, messages=turn, max_tokens=4, temperature=0.0, extra_headers=session
+    )
+    details = second.usage.prompt_tokens_details if second.usage else None
+    assert details is not None
+    return details.cached_tokens or 0

@@ -18,7 +18,7 @@ import jsonschema
 import openai
 import pytest
 from grammar_schemas import INVALID, SCHEMAS, UNSUPPORTED
-from serve_apps import yaml_app
+from serve_apps import openai_client, second_turn_cached_tokens, yaml_app
 
 pytest.importorskip("xgrammar")
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -58,21 +58,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_the_weights_are_int8_and_a_session_resumes(base: str, model: str) -> None:
     startup = httpx.get(f"{base}/v1/internal/stats", timeout=30).json()["startup"]
     assert "quantize" in dict(startup["phases"]) and startup["weight_bytes"]["int8"] > 0
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
-    turn: list[Any] = [{"role": "user", "content": "Remember me."}]
-    session = {"x-session-id": "int8-session"}
-    first = client.chat.completions.create(
-        model=model, messages=turn, max_tokens=4, temperature=0.0, extra_headers=session
-    )
-    turn += [
-        {"role": "assistant", "content": first.choices[0].message.content or ""},
-        {"role": "user", "content": "And now?"},
-    ]
-    second = client.chat.completions.create(
-        model=model, messages=turn, max_tokens=4, temperature=0.0, extra_headers=session
-    )
-    details = second.usage.prompt_tokens_details if second.usage else None
-    assert details is not None and (details.cached_tokens or 0) > 0
+    assert second_turn_cached_tokens(openai_client(base), model, "int8-session") > 0
 
 
 def fmt(schema: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from serve_apps import second_turn_cached_tokens
 
 from deployments.app import deployment_options, parse_args
 from deployments.args import AppArgs
@@ -117,28 +118,7 @@ def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> No
     )
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     # A second turn of a session resumes from the first one's kept state.
-    session = {"x-session-id": "yaml-session"}
-    turn = [{"role": "user", "content": "Remember me."}]
-    first = client.chat.completions.create(
-        model=model,
-        messages=turn,
-        max_tokens=4,
-        temperature=0.0,
-        extra_headers=session,  # type: ignore[arg-type]
-    )
-    turn += [
-        {"role": "assistant", "content": first.choices[0].message.content or ""},
-        {"role": "user", "content": "And now?"},
-    ]
-    second = client.chat.completions.create(
-        model=model,
-        messages=turn,
-        max_tokens=4,
-        temperature=0.0,
-        extra_headers=session,  # type: ignore[arg-type]
-    )
-    details = second.usage.prompt_tokens_details if second.usage else None
-    assert details is not None and (details.cached_tokens or 0) > 0
+    assert second_turn_cached_tokens(client, model, "yaml-session") > 0
     asyncio.run(_burst_past_the_admission_limit(served, model, args.admission_limit))
 
 

@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/quant_speed.py --shape lfm2-350m --threads 2
 
-Both engines load the same random checkpoint; rounds alternate between them. Decode tokens/s
+Three engines load the same random checkpoint: fp32 on torch's own linears (`cpu_kernels`
+off, the code before kernels/cpu_gemm), fp32 with them (the default), and the quantized one;
+rounds alternate between them. Decode tokens/s
 at 1, 8 and 32 parallel requests (32-token prompts): a request's decode time is its run with
 65 output tokens less its run with 1 (the prefill and first token), so prefill is not counted.
 The step budget is a batch job's (every prompt prefilled before decode starts), not the
@@ -75,16 +77,21 @@ def main() -> None:
     arch, overrides = SHAPES[args.shape]
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_checkpoint(arch, Path(tmp) / "ckpt", overrides, seed=0)
+        variants = {
+            "fp32, torch linears": {"cpu_kernels": False},
+            "none": {},
+            args.quantization: {"quantization": args.quantization},
+        }
         llms = {
             q: LLM(
                 path,
                 dtype="float32",
-                quantization=q,
                 max_num_seqs=max(batches),
                 max_num_batched_tokens=PROMPT * max(batches),
                 max_prefill_tokens_while_decoding=PROMPT * max(batches),
+                **kw,
             )
-            for q in ("none", args.quantization)
+            for q, kw in variants.items()
         }
         weights = {
             q: sum(llm.engine.executor.runner.weight_bytes.values()) for q, llm in llms.items()

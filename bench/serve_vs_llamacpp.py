@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import signal
@@ -70,8 +71,9 @@ async def load(url: str, conc: int, requests: int, args: argparse.Namespace) -> 
 def summarize(results: list[Result], wall: float) -> dict[str, float]:
     ok = [r for r in results if r.ok and r.gaps]
     for r in results:
-        if r.error:
-            print(f"#   error: {r.error}", flush=True)
+        if r.error or not r.gaps:
+            why = r.error or f"ok={r.ok} but {len(r.text)} characters of text streamed"
+            print(f"#   error: {why}", flush=True)
             break
     gaps = [g for r in ok for g in r.gaps]
     # NOTE: a server that reports no usage still streamed one token per content event.
@@ -142,6 +144,29 @@ def offline_tpot(model_dir: Path, args: argparse.Namespace) -> float:
         engine.shutdown()
 
 
+def with_visible_tokens(model_dir: Path) -> Path:
+    """A sibling of `model_dir` whose `<|reserved_N|>` tokens are plain text, `[rN]`.
+
+    Our random checkpoints fill their vocab with reserved special tokens, and a random model's
+    greedy picks are nearly all of them: both servers then stream events with empty text (they
+    skip special tokens; llama.cpp's converter also makes every `<|...|>` token a control
+    token), and a client that counts text sees no tokens. Renamed and not special, each decodes
+    to its name on both servers, so every generated token is one visible piece. Token ids and
+    weights are unchanged (the weights are symlinked)."""
+    out = model_dir.with_name(model_dir.name + "-text")
+    out.mkdir(exist_ok=True)
+    for f in model_dir.iterdir():
+        if f.name != "tokenizer.json" and not (out / f.name).exists() and f.suffix != ".gguf":
+            (out / f.name).symlink_to(f.resolve())
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    for added in tok.get("added_tokens", []):
+        if added["content"].startswith("<|reserved_"):
+            added["content"] = "[r" + added["content"][len("<|reserved_") : -2] + "]"
+            added["special"] = False
+    (out / "tokenizer.json").write_text(json.dumps(tok))
+    return out
+
+
 def llama_side(args: argparse.Namespace, model_dir: Path) -> tuple[Path, Path] | None:
     """(llama-server, f32 GGUF), building and converting as needed; None in a dry run that
     lacks either."""
@@ -201,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         model_dir = make_tiny_checkpoint("lfm2", Path(tempfile.mkdtemp(prefix="scvs-")), seed=0)
     else:
         raise SystemExit("--model is required (or --dry-run)")
+    model_dir = with_visible_tokens(model_dir)
     cpu = next(
         (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if "model name" in ln), "?"
     )

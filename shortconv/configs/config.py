@@ -175,6 +175,10 @@ class EngineConfig:
     # on the plain weight measured within 0-13% of it at 32 rows and 1.4-2x faster at one row
     # (docs/serving_path.md, Memory), so one copy serves every batch size.
     prepack_cpu_weights: bool = False
+    # CPU: linears at decode batch sizes (up to 16 rows) through our AVX2 loops
+    # (shortconv.kernels.cpu_gemm), built once with the system's C++ compiler; where they cannot
+    # be built or this CPU lacks AVX2, torch's paths are used and the start-up log says why.
+    cpu_kernels: bool = True
     # Linear weights quantized at load, per rank after TP sharding (shortconv.layers.quantize):
     # "int8": int8 per output channel with per-token int8 activations, on CPU (fbgemm). The
     # embedding, the LM head, routed experts and vision towers keep the model dtype. "int4"

@@ -8,6 +8,7 @@ from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf.arch import ARCH_BY_CLASS
 from shortconv.errors import ConfigError
 from shortconv.execution.head_shard import head_shard
+from shortconv.kernels import cpu_gemm
 from shortconv.kernels.dispatch import resolve_backend
 from shortconv.kernels.launch_config import MAX_CONV_WIDTH
 
@@ -58,14 +59,12 @@ def check_quantization(method: str, cfg: ModelConfig, device: torch.device) -> N
         )
     if device.type != "cpu":
         raise ConfigError(
-            "quantization='int8' runs on CPU only (fbgemm's packed int8 linear); on "
+            "quantization='int8' runs on CPU only (our AVX2 q8 kernels); on "
             f"{device.type} use quantization='none'"
         )
-    if "fbgemm" not in torch.backends.quantized.supported_engines:
-        raise ConfigError(
-            "quantization='int8' needs torch's fbgemm quantized engine, which this torch build "
-            f"lacks (it has {torch.backends.quantized.supported_engines})"
-        )
+    why_not = cpu_gemm.cannot_build()
+    if why_not is not None:
+        raise ConfigError(f"quantization='int8' needs the AVX2 CPU kernels: {why_not}")
     if cfg.arch in ("lfm2_vl", "lfm3_vl"):
         raise ConfigError(
             f"quantization='int8' is not measured for {cfg.arch}'s vision tower yet; serve it "

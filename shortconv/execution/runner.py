@@ -12,13 +12,15 @@ from shortconv.cache.state_pool import StatePool
 from shortconv.configs.support import check_support
 from shortconv.engine.images import ImageSpec
 from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
 from shortconv.execution.encoder_cache import EncoderCache
 from shortconv.execution.graph_runner import GraphRunner
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.step_tensors import StepTensors
 from shortconv.execution.worker_spec import WorkerSpec
-from shortconv.layers.linear import prepack_linears
+from shortconv.kernels import cpu_gemm
+from shortconv.layers.linear import prepack_linears, use_cpu_gemm
 from shortconv.layers.quantize import quantize_linears, weight_bytes
 from shortconv.models.build import build_model
 from shortconv.models.loader import iter_checkpoint
@@ -49,6 +51,18 @@ class ModelRunner:
             model_cfg.arch,
             self.startup_s["weights"],
         )
+        if device.type == "cpu" and (engine_cfg.cpu_kernels or engine_cfg.quantization != "none"):
+            t0 = time.perf_counter()
+            why_not = cpu_gemm.load()
+            if why_not is not None and engine_cfg.quantization != "none":
+                raise ConfigError(f"quantization={engine_cfg.quantization!r}: {why_not}")
+            n = use_cpu_gemm(model) if why_not is None and engine_cfg.cpu_kernels else 0
+            self.startup_s["cpu_kernels"] = time.perf_counter() - t0
+            log.info(
+                "rank %d: CPU GEMM kernels: %s",
+                tp.rank,
+                f"{n} fp32 linear layers" if why_not is None else f"not used ({why_not})",
+            )
         if engine_cfg.quantization != "none":
             t0 = time.perf_counter()
             n = quantize_linears(model, engine_cfg.quantization)

@@ -9,12 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from shortconv.execution.parallel import ParallelContext
-from shortconv.kernels.int8_linear_cpu import Int8Weight, int8_linear
+from shortconv.kernels.cpu_gemm import Q8Weight, gemm_f32, gemm_q8
 from shortconv.layers.shard import load_shard_, mark_rows, mark_shard
 
 __all__ = [
     "ColumnParallelLinear",
     "ColumnSliceLinear",
+    "CpuGemm",
     "Packable",
     "ReplicatedLinear",
     "RowParallelLinear",
@@ -65,9 +66,26 @@ class PackedWeight:
     version: int
 
 
-# What a layer may hold beside its weight: a oneDNN-blocked copy, or its quantized form (then
-# the float weight is empty and the quantized one is the layer's only copy).
-Packed = PackedWeight | Int8Weight
+@dataclass(frozen=True)
+class CpuGemm:
+    """The layer's plain fp32 weight goes through our AVX2 kernel (kernels/cpu_gemm) for batches
+    of up to `max_rows` rows, where it reads the weight faster than torch's paths; larger
+    batches take oneDNN (on `blocked`, the prepacked copy, where one was made)."""
+
+    max_rows: int
+    blocked: PackedWeight | None = None
+
+
+# Rows up to which the AVX2 kernels run: fp32 through `CpuGemm`, q8 always (above it, a q8
+# weight is widened to fp32 per call and goes through oneDNN). Measured on the 2-core AMD EPYC
+# over LFM2-350M's weights (bench/cpu_gemm.py): see docs/quantization.md.
+CPU_GEMM_MAX_ROWS = 16
+Q8_GEMM_MAX_ROWS = 16
+
+# What a layer may hold beside its weight: a oneDNN-blocked copy, the small-batch kernel's
+# marker, or its quantized form (then the float weight is empty and the quantized one is the
+# layer's only copy).
+Packed = PackedWeight | CpuGemm | Q8Weight
 
 
 def _onednn_weight(
@@ -75,8 +93,10 @@ def _onednn_weight(
 ) -> torch.Tensor | None:
     """The weight to hand oneDNN's inner product for `x` (the blocked copy where it applies),
     or None where F.linear (or the quantized path) is the better or only one."""
-    if isinstance(packed, Int8Weight):
+    if isinstance(packed, Q8Weight):
         return None
+    if isinstance(packed, CpuGemm):
+        packed = packed.blocked
     if packed is None and weight.numel() < ONEDNN_MIN_WEIGHT:
         return None  # first: the common answer for small models, checked per call
     if not (
@@ -134,14 +154,30 @@ def linear(
     the oneDNN op has no autograd formula, so a grad-tracking call keeps F.linear); a blocked
     `packed` (see `prepack_linears`) is used for batches of PACKED_MIN_ROWS rows and more, a
     quantized one (layers.quantize) always."""
-    if isinstance(packed, Int8Weight):
-        return int8_linear(x, packed, bias)
+    if isinstance(packed, Q8Weight):
+        return q8_linear(x, packed, bias)
+    if isinstance(packed, CpuGemm) and x.numel() <= packed.max_rows * x.shape[-1]:
+        if not (torch.is_grad_enabled() and weight.requires_grad):
+            flat = x.reshape(-1, x.shape[-1])
+            return gemm_f32(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
     w = _onednn_weight(x, weight, packed)
     if w is not None:
         flat = x.reshape(-1, x.shape[-1])
         out = torch.ops.mkldnn._linear_pointwise(flat, w, bias, "none", [], "")
         return out.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
+
+
+def q8_linear(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T for a q8 weight: the AVX2 kernel up to Q8_GEMM_MAX_ROWS rows (weight-only: the
+    activations stay fp32); larger batches (prefill) widen the weight to fp32 for this call
+    and take the fp32 GEMM, where compute, not the weight's bytes, is the cost."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] <= Q8_GEMM_MAX_ROWS:
+        y = gemm_q8(flat.float(), qw, bias)
+    else:
+        y = linear(flat.float(), qw.dequantize(), bias)
+    return y.to(x.dtype).view(*x.shape[:-1], qw.out_features)
 
 
 class Packable(nn.Module):
@@ -159,11 +195,29 @@ def prepack_linears(model: nn.Module) -> int:
     double the weights' memory for a few percent at batch sizes of 8 and more."""
     added = 0
     for mod in model.modules():
-        if isinstance(mod, Packable) and not isinstance(mod.packed, Int8Weight):
-            mod.packed = pack_weight(mod.weight)
-            if mod.packed is not None:
+        if isinstance(mod, Packable) and not isinstance(mod.packed, Q8Weight):
+            blocked = pack_weight(mod.weight)
+            if isinstance(mod.packed, CpuGemm):
+                mod.packed = CpuGemm(mod.packed.max_rows, blocked)
+            else:
+                mod.packed = blocked
+            if blocked is not None:
                 added += mod.weight.numel() * mod.weight.element_size()
     return added
+
+
+def use_cpu_gemm(model: nn.Module) -> int:
+    """Mark every fp32 CPU `Packable` of `model` for the small-batch AVX2 kernel (call once its
+    weights are final and the kernels are loaded: kernels.cpu_gemm.load); returns how many."""
+    n = 0
+    for mod in model.modules():
+        w = getattr(mod, "weight", None)
+        if not (isinstance(mod, Packable) and w is not None and w.numel()):
+            continue
+        if w.device.type == "cpu" and w.dtype == torch.float32 and mod.packed is None:
+            mod.packed = CpuGemm(CPU_GEMM_MAX_ROWS)
+            n += 1
+    return n
 
 
 class ColumnParallelLinear(Packable):

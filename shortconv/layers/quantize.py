@@ -1,10 +1,11 @@
 """Quantize a loaded model's linear weights in place (`EngineConfig.quantization`).
 
-Runs on each rank after its shard is loaded, so each weight is quantized once per rank. A row's
-scale is its whole row's, whatever the sharding: column-parallel ranks hold whole rows, and a
-row-parallel shard (part of every row's columns) takes the largest magnitude over the ranks
-(one max all-reduce per layer at start-up), so TP ranks hold exactly TP 1's integers, split.
-The quantized layers keep the int8 copy only: the float weight is dropped.
+"int8" is q8 (kernels/cpu_gemm): int8 weights with one fp32 scale per 32 consecutive weights
+of a row. Runs on each rank after its shard is loaded, so each weight is quantized once per
+rank. A block never straddles two ranks: column-parallel ranks hold whole rows, and a
+row-parallel shard starts at a multiple of its width, which must be a multiple of 32 (checked
+here, with the layer named), so TP ranks hold exactly TP 1's integers and scales, split. The
+quantized layers keep the int8 copy only: the float weight is dropped.
 
 Which weights: every `Packable` projection (attention, short conv, CCA, the dense MLPs) except
 the LM head, which stays in the model dtype like the embedding it often shares. Routed experts
@@ -17,8 +18,9 @@ from collections import Counter
 
 from torch import nn
 
-from shortconv.kernels.int8_linear_cpu import Int8Weight, pack_int8, quantize_int8, row_amax
-from shortconv.layers.linear import Packable, RowParallelLinear
+from shortconv.errors import ConfigError
+from shortconv.kernels.cpu_gemm import Q8_BLOCK, Q8Weight, quantize_q8
+from shortconv.layers.linear import Packable
 from shortconv.layers.vocab import LMHead
 
 
@@ -39,12 +41,15 @@ def quantize_linears(model: nn.Module, method: str) -> int:
     if method != "int8":
         raise ValueError(f"unknown quantization {method!r}")
     layers = quantizable(model)
+    for name, mod in layers:
+        if mod.weight.shape[1] % Q8_BLOCK:
+            raise ConfigError(
+                f"quantization='int8' needs each rank's input features to be a multiple of "
+                f"{Q8_BLOCK}; {name} has {mod.weight.shape[1]} (serve it with "
+                "quantization='none' or another tp_size)"
+            )
     for _, mod in layers:
-        amax = None
-        if isinstance(mod, RowParallelLinear):  # every rank holds part of each row
-            amax = mod.tp.all_reduce_max(row_amax(mod.weight))
-        qweight, scale = quantize_int8(mod.weight, amax)
-        mod.packed = pack_int8(qweight, scale)
+        mod.packed = quantize_q8(mod.weight)
         # The float weight goes: an empty tensor keeps the attribute (and its dtype) in place.
         mod.weight = nn.Parameter(mod.weight.new_empty(0), requires_grad=False)
     return len(layers)
@@ -60,6 +65,6 @@ def weight_bytes(model: nn.Module) -> dict[str, int]:
             seen.add(id(p))
             out[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
     for mod in model.modules():
-        if isinstance(mod, Packable) and isinstance(mod.packed, Int8Weight):
+        if isinstance(mod, Packable) and isinstance(mod.packed, Q8Weight):
             out["int8"] += mod.packed.nbytes
     return dict(out)

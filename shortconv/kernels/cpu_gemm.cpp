@@ -1,0 +1,246 @@
+// Small-batch linear layers on x86 CPUs with AVX2 and FMA: y[M, N] = x[M, K] . W[N, K]^T for
+// decode batches (M = 1..16 rows), where the product is a stream over the weight.
+//
+//   gemm_f32(x fp32 [M, K], w fp32 [N, K], bias fp32 [N]?) -> fp32 [M, N]
+//   gemm_q8(x fp32 [M, K], q int8 [N, K], scale fp32 [N, K / 32], bias?) -> fp32 [M, N]
+//     q8: one scale per 32 consecutive weights of a row (w ~= q * scale). x is rounded to
+//     int16 with one scale per 32 values (~3e-5 of the block's largest magnitude), so each
+//     block's products are summed exactly in int32 (vpmaddwd), then scaled into fp32.
+//
+// Why our own (bench/cpu_gemm.py, 2-core AMD EPYC, LFM2-350M's weights): torch's fp32 paths
+// read the weights at 1-2 rows near the copy bandwidth (oneDNN) but fall to half of it by 4-8
+// rows, and neither torch nor torchao has an int8 weight path on AVX2 that beats fp32 at one
+// row (see int8_linear_cpu.py). These loops read each weight once per call, for every x row.
+//
+// Work is split over output rows with at::parallel_for (torch's thread pool and thread
+// count). A tile holds 4 weight rows against up to 3 x rows: 12 accumulators, 3 x vectors and
+// a weight vector fill AVX2's 16 registers. Every output is its own row's sums in one fixed
+// order, so a row's result does not depend on the batch or the thread count. Compiled with
+// -mavx2 -mfma (no -march=native), one build for every AVX2 machine; Python checks the CPU
+// before loading it and holds the float64 references (shortconv/kernels/cpu_gemm.py).
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+namespace {
+
+constexpr int kRows = 4;      // weight rows per tile
+constexpr int kMaxMR = 3;     // x rows per tile
+constexpr int64_t kBlock = 32;  // q8: weights per scale
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+struct F32Row {
+  const float* w;
+};
+
+// y[m * ldy + r] = sum_k x[m * ldx + k] * w[r][k], for r < R, m < MR.
+template <int R, int MR>
+inline void tile_f32(const F32Row* rows, int64_t K, const float* x, int64_t ldx, float* y,
+                     int64_t ldy) {
+  __m256 acc[R][MR];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 xv[MR];
+    for (int m = 0; m < MR; ++m) xv[m] = _mm256_loadu_ps(x + m * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = _mm256_loadu_ps(rows[r].w + k);
+      for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MR; ++m) {
+      float s = hsum(acc[r][m]);
+      for (int64_t kk = k; kk < K; ++kk) s += x[m * ldx + kk] * rows[r].w[kk];
+      y[m * ldy + r] = s;
+    }
+}
+
+struct Q8Row {
+  const int8_t* q;
+  const float* scale;
+};
+
+// x rows as int16 with one scale per 32 values (xq * xs ~= x; the largest magnitude of a block
+// maps to 32767, so the rounding is ~3e-5 of it): q8 tiles then take their products in
+// integers, 16 at a time (vpmaddwd), three times denser than widening every weight to fp32.
+// Sums stay exact in int32: 32 products of |q| <= 127 and |xq| <= 32767 are < 2^27.
+struct X16 {
+  std::vector<int16_t> q;
+  std::vector<float> scale;
+};
+
+X16 quantize_x16(const float* x, int64_t M, int64_t K) {
+  X16 out{std::vector<int16_t>(M * K), std::vector<float>(M * (K / kBlock))};
+  for (int64_t i = 0; i < M * (K / kBlock); ++i) {
+    const float* v = x + i * kBlock;
+    float amax = 0.f;
+    for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float sc = amax / 32767.f;
+    out.scale[i] = sc;
+    for (int j = 0; j < kBlock; ++j)
+      out.q[i * kBlock + j] = sc > 0.f ? static_cast<int16_t>(std::nearbyint(v[j] / sc)) : 0;
+  }
+  return out;
+}
+
+// The q8 twin of tile_f32 for the few-row case: per 32-weight block, the int8 weights widen
+// to int16 and meet the int16 x rows in vpmaddwd; the block's int32 sum then takes both
+// scales into the fp32 accumulator. K is a multiple of kBlock.
+template <int R, int MR>
+inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float* xs,
+                    float* y, int64_t ldy) {
+  const int64_t nb = K / kBlock;
+  __m256 acc[R][MR];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t k = b * kBlock;
+    for (int r = 0; r < R; ++r) {
+      const __m128i* src = reinterpret_cast<const __m128i*>(rows[r].q + k);
+      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(src));
+      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(src + 1));
+      const __m256 ws = _mm256_broadcast_ss(rows[r].scale + b);
+      for (int m = 0; m < MR; ++m) {
+        const __m256i* xv = reinterpret_cast<const __m256i*>(xq + m * K + k);
+        const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xv)),
+                                             _mm256_madd_epi16(w1, _mm256_loadu_si256(xv + 1)));
+        const __m256 sc = _mm256_mul_ps(ws, _mm256_broadcast_ss(xs + m * nb + b));
+        acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sc, acc[r][m]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MR; ++m) y[m * ldy + r] = hsum(acc[r][m]);
+}
+
+// R weight rows against every row of x, kMaxMR x rows at a time.
+template <int R>
+inline void f32_rows(const F32Row* rows, int64_t K, const float* x, int64_t M, float* y,
+                     int64_t N) {
+  int64_t m = 0;
+  for (; m + kMaxMR <= M; m += kMaxMR) tile_f32<R, kMaxMR>(rows, K, x + m * K, K, y + m * N, N);
+  if (M - m == 2) tile_f32<R, 2>(rows, K, x + m * K, K, y + m * N, N);
+  if (M - m == 1) tile_f32<R, 1>(rows, K, x + m * K, K, y + m * N, N);
+}
+
+// R q8 weight rows against every int16 row of x, kMaxMR x rows at a time. Each output is its
+// own row's sums in one fixed order, whatever M: a row's result does not depend on its batch.
+template <int R>
+inline void q8_rows(const Q8Row* rows, int64_t K, const X16& x, int64_t M, float* y, int64_t N) {
+  const int64_t nb = K / kBlock;
+  int64_t m = 0;
+  for (; m + kMaxMR <= M; m += kMaxMR)
+    tile_q8<R, kMaxMR>(rows, K, x.q.data() + m * K, x.scale.data() + m * nb, y + m * N, N);
+  if (M - m == 2) tile_q8<R, 2>(rows, K, x.q.data() + m * K, x.scale.data() + m * nb, y + m * N, N);
+  if (M - m == 1) tile_q8<R, 1>(rows, K, x.q.data() + m * K, x.scale.data() + m * nb, y + m * N, N);
+}
+
+// body(n0, nr) for the tiles of kRows weight rows (nr < kRows only for the last), split over
+// torch's threads; a task gets about 64 KB of weights at the least, below which a thread's
+// start costs more than it saves.
+template <typename Body>
+void for_tiles(int64_t N, int64_t K, int64_t weight_bytes, const Body& body) {
+  const int64_t tiles = (N + kRows - 1) / kRows;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (kRows * K * weight_bytes));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) body(t * kRows, std::min<int64_t>(kRows, N - t * kRows));
+  });
+}
+
+// Calls rows_fn<kRows>(rows) for a whole tile, rows_fn<1> per row for the last, short one.
+template <typename Row, typename Fn4, typename Fn1>
+inline void run_tile(const Row* rows, int64_t nr, int64_t n0, const Fn4& fn4, const Fn1& fn1) {
+  if (nr == kRows) {
+    fn4(rows, n0);
+  } else {
+    for (int64_t r = 0; r < nr; ++r) fn1(rows + r, n0 + r);
+  }
+}
+
+void check_x(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "x must be a 2-D fp32 CPU tensor");
+  TORCH_CHECK(x.size(1) == K, "x has ", x.size(1), " columns, the weight ", K);
+}
+
+at::Tensor finish(at::Tensor y, const std::optional<at::Tensor>& bias) {
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+at::Tensor gemm_f32(const at::Tensor& x_in, const at::Tensor& w_in,
+                    const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(w_in.dim() == 2 && w_in.scalar_type() == at::kFloat && w_in.device().is_cpu(),
+              "w must be a 2-D fp32 CPU tensor");
+  const int64_t N = w_in.size(0), K = w_in.size(1);
+  check_x(x_in, K);
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float *wp = w.data_ptr<float>(), *xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for_tiles(N, K, 4, [&](int64_t n0, int64_t nr) {
+    F32Row rows[kRows];
+    for (int64_t r = 0; r < nr; ++r) rows[r] = F32Row{wp + (n0 + r) * K};
+    run_tile(
+        rows, nr, n0, [&](const F32Row* rs, int64_t n) { f32_rows<kRows>(rs, K, xp, M, yp + n, N); },
+        [&](const F32Row* rs, int64_t n) { f32_rows<1>(rs, K, xp, M, yp + n, N); });
+  });
+  return finish(y, bias);
+}
+
+at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Tensor& s_in,
+                   const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(q_in.dim() == 2 && q_in.scalar_type() == at::kChar && q_in.device().is_cpu(),
+              "q must be a 2-D int8 CPU tensor");
+  const int64_t N = q_in.size(0), K = q_in.size(1);
+  TORCH_CHECK(K % kBlock == 0, "q8 needs in_features divisible by ", kBlock, ", got ", K);
+  TORCH_CHECK(s_in.scalar_type() == at::kFloat && s_in.dim() == 2 && s_in.size(0) == N &&
+                  s_in.size(1) == K / kBlock,
+              "scale must be fp32 [", N, ", ", K / kBlock, "]");
+  check_x(x_in, K);
+  const at::Tensor x = x_in.contiguous(), q = q_in.contiguous(), s = s_in.contiguous();
+  const int64_t M = x.size(0), nb = K / kBlock;
+  at::Tensor y = at::empty({M, N}, x.options());
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float *sp = s.data_ptr<float>(), *xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const X16 x16 = quantize_x16(xp, M, K);
+  for_tiles(N, K, 1, [&](int64_t n0, int64_t nr) {
+    Q8Row rows[kRows];
+    for (int64_t r = 0; r < nr; ++r) rows[r] = Q8Row{qp + (n0 + r) * K, sp + (n0 + r) * nb};
+    run_tile(
+        rows, nr, n0, [&](const Q8Row* rs, int64_t n) { q8_rows<kRows>(rs, K, x16, M, yp + n, N); },
+        [&](const Q8Row* rs, int64_t n) { q8_rows<1>(rs, K, x16, M, yp + n, N); });
+  });
+  return finish(y, bias);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(shortconv_cpu, m) {
+  m.def("gemm_f32(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.def("gemm_q8(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(shortconv_cpu, CPU, m) {
+  m.impl("gemm_f32", TORCH_FN(gemm_f32));
+  m.impl("gemm_q8", TORCH_FN(gemm_q8));
+}

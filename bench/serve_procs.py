@@ -51,6 +51,19 @@ def rss_of(pid: int) -> int:
     return 0
 
 
+def pss_of(pid: int) -> int:
+    """Proportional set size: resident bytes with each shared page split among the processes
+    that map it (Ray's forked workers share much of their interpreter and libraries), so a
+    tree's sum is the memory it holds, counted once."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds `pid` has used (0 once it is gone)."""
     try:
@@ -60,13 +73,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * _TICK_S
 
 
-def tree_rss(pid: int, show_mb: float = 50.0) -> int:
-    """Resident bytes of the tree; prints each process of `show_mb` MB or more."""
-    sizes = sorted(((rss_of(p), p, name) for p, name in tree(pid).items()), reverse=True)
-    for rss, _, name in sizes:
+def tree_memory(pid: int, show_mb: float = 50.0) -> tuple[int, int]:
+    """(summed RSS, summed PSS) of the tree; prints each process of `show_mb` MB RSS or more."""
+    sizes = sorted(((rss_of(p), pss_of(p), name) for p, name in tree(pid).items()), reverse=True)
+    for rss, pss, name in sizes:
         if rss >= show_mb * 1e6:
-            print(f"#   {rss / 1e6:6.0f} MB  {name}", flush=True)
-    return sum(rss for rss, _, _ in sizes)
+            print(f"#   {rss / 1e6:6.0f} MB RSS {pss / 1e6:6.0f} MB PSS  {name}", flush=True)
+    return sum(r for r, _, _ in sizes), sum(p for _, p, _ in sizes)
 
 
 def cpu_snapshot(pid: int) -> dict[int, tuple[str, float]]:

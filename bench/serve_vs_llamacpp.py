@@ -10,7 +10,8 @@ converts the checkpoint to an f32 GGUF with llama.cpp's convert_hf_to_gguf.py, a
 `model` set, no environment of ours; theirs: `-t <cores> -c 16384 -np 32`), times it to ready,
 loads it at each concurrency with the same streaming client (bench/serve_load.py:
 `--prompt-tokens` token ids, exactly `--max-tokens` out with `ignore_eos`, closed loop so that
-new prompts keep arriving), sums the resident memory of its whole process tree, and stops it.
+new prompts keep arriving), sums the resident memory of its whole process tree (RSS, and PSS,
+which counts a page shared by several processes once), and stops it.
 The offline engine's time per token at concurrency 1 is measured first, in this process.
 `--dry-run` does the same on a tiny random LFM2 at concurrency 1 and 4 with short requests, for
 ours only unless a llama-server and a GGUF are at hand, and prints where llama-server would
@@ -43,7 +44,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import serve_llamacpp as llama  # noqa: E402
 from serve_load import Result, pct, stream_one  # noqa: E402
 from serve_path import engine_tpot  # noqa: E402
-from serve_procs import ours, tree_rss  # noqa: E402
+from serve_procs import ours, tree_memory  # noqa: E402
 
 from deployments.serve_run import free_port  # noqa: E402
 
@@ -115,7 +116,7 @@ def _answers(url: str) -> bool:
 
 
 def measure(name: str, server: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One server: ready time, a warm-up request, then each concurrency; RSS after the load."""
+    """One server: ready time, a warm-up request, then each concurrency; memory after the load."""
     t0 = time.perf_counter()
     with server as (url, pid):
         ready = time.perf_counter() - t0
@@ -124,9 +125,9 @@ def measure(name: str, server: Any, args: argparse.Namespace) -> list[dict[str, 
         for conc in args.concurrency:
             stats = asyncio.run(load(url, conc, max(conc * args.requests_per_client, 2), args))
             rows.append({"server": name, "concurrency": conc, **stats, "ready_s": ready})
-        rss = tree_rss(pid)
+        rss, pss = tree_memory(pid)
     for row in rows:
-        row["rss_gb"] = rss / 1e9
+        row["rss_gb"], row["pss_gb"] = rss / 1e9, pss / 1e9
     return rows
 
 
@@ -182,13 +183,13 @@ def llama_side(args: argparse.Namespace, model_dir: Path) -> tuple[Path, Path] |
 
 def table(rows: list[dict[str, Any]], offline_s: float) -> str:
     head = "| server | concurrency | out tok/s | TPOT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) | "
-    head += "TTFT p50 (s) | ready (s) | RSS (GB) | errors |\n" + "| --- " * 10 + "|"
+    head += "TTFT p50 (s) | ready (s) | RSS (GB) | PSS (GB) | errors |\n" + "| --- " * 11 + "|"
     lines = [head]
     for r in rows:
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['tok_s']:.1f} | {1e3 * r['tpot_p50']:.0f} "
             f"| {1e3 * r['itl_p50']:.0f} | {1e3 * r['itl_p99']:.0f} | {r['ttft_p50']:.2f} "
-            f"| {r['ready_s']:.1f} | {r['rss_gb']:.2f} | {r['errors']:.0f} |"
+            f"| {r['ready_s']:.1f} | {r['rss_gb']:.2f} | {r['pss_gb']:.2f} | {r['errors']:.0f} |"
         )
     lines.append(f"\nOffline engine, concurrency 1: {1e3 * offline_s:.0f} ms per output token.")
     return "\n".join(lines)

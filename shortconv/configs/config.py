@@ -175,15 +175,20 @@ class EngineConfig:
     # on the plain weight measured within 0-13% of it at 32 rows and 1.4-2x faster at one row
     # (docs/serving_path.md, Memory), so one copy serves every batch size.
     prepack_cpu_weights: bool = False
-    # CPU: linears at decode batch sizes (up to 16 rows) through our AVX2 loops
+    # CPU: fp32 linears at decode batch sizes (up to 64 rows) through our AVX2 loops
     # (shortconv.kernels.cpu_gemm), built once with the system's C++ compiler; where they cannot
     # be built or this CPU lacks AVX2, torch's paths are used and the start-up log says why.
     cpu_kernels: bool = True
     # Linear weights quantized at load, per rank after TP sharding (shortconv.layers.quantize):
-    # "int8": int8 per output channel with per-token int8 activations, on CPU (fbgemm). The
-    # embedding, the LM head, routed experts and vision towers keep the model dtype. "int4"
-    # and "fp8" are named so a YAML asking for them is refused at start-up with the reason.
+    # "int8": int8 with one scale per 32 weights of a row, on CPU (kernels/cpu_gemm). The
+    # embedding, the LM head (unless quantize_lm_head), routed experts and vision towers keep
+    # the model dtype. "int4" and "fp8" are named so a YAML asking for them is refused at
+    # start-up with the reason.
     quantization: Literal["none", "int8", "int4", "fp8"] = "none"
+    # With quantization: the LM head too. A head tied to the embedding gets its own quantized
+    # copy (the embedding keeps its float rows for lookups), so decode reads the head's int8
+    # bytes instead of its float ones, as llama.cpp's Q8_0 does.
+    quantize_lm_head: bool = False
     # Automatic prefix caching (shortconv.cache.prefix_cache): KV pages shared by reference,
     # recurrent state checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64
     # rounded up to whole pages; a multiple of kv_page_size) and at every end of prompt and of

@@ -65,7 +65,7 @@ class ModelRunner:
             )
         if engine_cfg.quantization != "none":
             t0 = time.perf_counter()
-            n = quantize_linears(model, engine_cfg.quantization)
+            n = quantize_linears(model, engine_cfg.quantization, engine_cfg.quantize_lm_head)
             self.startup_s["quantize"] = time.perf_counter() - t0
             log.info(
                 "rank %d: quantized %d linear layers to %s in %.1fs",

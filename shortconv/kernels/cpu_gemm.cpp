@@ -1,5 +1,5 @@
-// Small-batch linear layers on x86 CPUs with AVX2 and FMA: y[M, N] = x[M, K] . W[N, K]^T for
-// decode batches (M = 1..16 rows), where the product is a stream over the weight.
+// Linear layers on x86 CPUs with AVX2 and FMA: y[M, N] = x[M, K] . W[N, K]^T, made for decode
+// batches (M = 1..64 rows), where the product is a stream over the weight.
 //
 //   gemm_f32(x fp32 [M, K], w fp32 [N, K], bias fp32 [N]?) -> fp32 [M, N]
 //   gemm_q8(x fp32 [M, K], q int8 [N, K], scale fp32 [N, K / 32], bias?) -> fp32 [M, N]
@@ -7,10 +7,11 @@
 //     int16 with one scale per 32 values (~3e-5 of the block's largest magnitude), so each
 //     block's products are summed exactly in int32 (vpmaddwd), then scaled into fp32.
 //
-// Why our own (bench/cpu_gemm.py, 2-core AMD EPYC, LFM2-350M's weights): torch's fp32 paths
-// read the weights at 1-2 rows near the copy bandwidth (oneDNN) but fall to half of it by 4-8
-// rows, and neither torch nor torchao has an int8 weight path on AVX2 that beats fp32 at one
-// row (see int8_linear_cpu.py). These loops read each weight once per call, for every x row.
+// Why our own (2-core AMD EPYC, LFM2-350M's weights, bench/RESULTS.md): torch's fp32 paths
+// read the weights at one row near the copy bandwidth (oneDNN) but at half of it by 4-8 rows,
+// and no int8 weight path of torch's or torchao's on AVX2 beat fp32 at one row (torch's
+// _weight_int8pack_mm 2.9x slower, torchao's int8 weight-only 2x slower; fbgemm's W8A8 needs
+// 7-bit activations on AVX2). These loops read each weight once per call, for every x row.
 //
 // Work is split over output rows with at::parallel_for (torch's thread pool and thread
 // count). A tile holds 4 weight rows against up to 3 x rows: 12 accumulators, 3 x vectors and

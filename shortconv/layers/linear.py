@@ -76,11 +76,11 @@ class CpuGemm:
     blocked: PackedWeight | None = None
 
 
-# Rows up to which the AVX2 kernels run: fp32 through `CpuGemm`, q8 always (above it, a q8
-# weight is widened to fp32 per call and goes through oneDNN). Measured on the 2-core AMD EPYC
-# over LFM2-350M's weights (bench/cpu_gemm.py): see docs/quantization.md.
-CPU_GEMM_MAX_ROWS = 16
-Q8_GEMM_MAX_ROWS = 16
+# Rows up to which fp32 linears take the AVX2 kernel (`CpuGemm`); oneDNN above. Measured on
+# the 2-core AMD EPYC (AVX2) over LFM2-350M's MLP weights, 2 threads: 1.2-1.9x oneDNN at 1-16
+# rows, 1.1x at 32, 1.04x at 64 and 128 (bench/RESULTS.md); past 64 rows (prefill) oneDNN's
+# blocked GEMM is kept, since on AVX-512/AMX machines it is the faster one there.
+CPU_GEMM_MAX_ROWS = 64
 
 # What a layer may hold beside its weight: a oneDNN-blocked copy, the small-batch kernel's
 # marker, or its quantized form (then the float weight is empty and the quantized one is the
@@ -169,14 +169,11 @@ def linear(
 
 
 def q8_linear(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """x W^T for a q8 weight: the AVX2 kernel up to Q8_GEMM_MAX_ROWS rows (weight-only: the
-    activations stay fp32); larger batches (prefill) widen the weight to fp32 for this call
-    and take the fp32 GEMM, where compute, not the weight's bytes, is the cost."""
+    """x W^T for a q8 weight, at every batch size through the AVX2 kernel: its int16 x int8
+    sums measured faster than widening the weight to fp32 for oneDNN even at 256 rows (1.5x),
+    and faster than fp32 oneDNN on the float weights (1.2-1.6x)."""
     flat = x.reshape(-1, x.shape[-1])
-    if flat.shape[0] <= Q8_GEMM_MAX_ROWS:
-        y = gemm_q8(flat.float(), qw, bias)
-    else:
-        y = linear(flat.float(), qw.dequantize(), bias)
+    y = gemm_q8(flat.float(), qw, bias)
     return y.to(x.dtype).view(*x.shape[:-1], qw.out_features)
 
 

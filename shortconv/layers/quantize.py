@@ -7,9 +7,10 @@ row-parallel shard starts at a multiple of its width, which must be a multiple o
 here, with the layer named), so TP ranks hold exactly TP 1's integers and scales, split. The
 quantized layers keep the int8 copy only: the float weight is dropped.
 
-Which weights: every `Packable` projection (attention, short conv, CCA, the dense MLPs) except
-the LM head, which stays in the model dtype like the embedding it often shares. Routed experts
-(`FusedExperts`) are not quantized yet (they keep the model dtype).
+Which weights: every `Packable` projection (attention, short conv, CCA, the dense MLPs); the LM
+head only when asked (`lm_head=True`): a head tied to the embedding then gets a quantized copy
+and the float weight stays for the embedding's lookups. Routed experts (`FusedExperts`) are not
+quantized yet (they keep the model dtype).
 """
 
 from __future__ import annotations
@@ -24,23 +25,33 @@ from shortconv.layers.linear import Packable
 from shortconv.layers.vocab import LMHead
 
 
-def quantizable(model: nn.Module) -> list[tuple[str, Packable]]:
+def quantizable(model: nn.Module, lm_head: bool = False) -> list[tuple[str, Packable]]:
     """The layers `quantize_linears` converts, by qualified name."""
     return [
         (name, mod)
         for name, mod in model.named_modules()
-        if isinstance(mod, Packable) and not isinstance(mod, LMHead) and mod.weight.numel()
+        if isinstance(mod, Packable)
+        and (lm_head or not isinstance(mod, LMHead))
+        and mod.weight.numel()
     ]
 
 
-def quantize_linears(model: nn.Module, method: str) -> int:
-    """Quantize `model`'s linear weights with `method` ("none" or "int8"); returns how many
-    layers were converted. Support is checked before (configs.support.check_quantization)."""
+def quantize_linears(model: nn.Module, method: str, lm_head: bool = False) -> int:
+    """Quantize `model`'s linear weights with `method` ("none" or "int8"), the LM head too with
+    `lm_head`; returns how many layers were converted. Support is checked before
+    (configs.support.check_quantization)."""
     if method == "none":
         return 0
     if method != "int8":
         raise ValueError(f"unknown quantization {method!r}")
-    layers = quantizable(model)
+    layers = quantizable(model, lm_head)
+    # Weights another module also holds (an embedding tied to the LM head) keep their float copy.
+    shared = {
+        id(p)
+        for m in model.modules()
+        if not isinstance(m, Packable)
+        for p in m.parameters(recurse=False)
+    }
     for name, mod in layers:
         if mod.weight.shape[1] % Q8_BLOCK:
             raise ConfigError(
@@ -50,8 +61,9 @@ def quantize_linears(model: nn.Module, method: str) -> int:
             )
     for _, mod in layers:
         mod.packed = quantize_q8(mod.weight)
-        # The float weight goes: an empty tensor keeps the attribute (and its dtype) in place.
-        mod.weight = nn.Parameter(mod.weight.new_empty(0), requires_grad=False)
+        if id(mod.weight) not in shared:
+            # The float weight goes: an empty tensor keeps the attribute (and its dtype).
+            mod.weight = nn.Parameter(mod.weight.new_empty(0), requires_grad=False)
     return len(layers)
 
 

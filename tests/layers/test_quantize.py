@@ -93,6 +93,23 @@ def test_only_the_projections_are_quantized_and_their_float_copy_goes(
     assert after["int8"] < moved / 3.5  # a byte a weight, plus 4 bytes per 32 weights
 
 
+def test_the_lm_head_is_quantized_when_asked_and_the_tied_embedding_stays(
+    ckpts: dict[str, Path],
+) -> None:
+    body = quant_quality.runner_for(ckpts["lfm2"], "int8", 64)
+    both = quant_quality.runner_for(ckpts["lfm2"], "int8", 64, quantize_lm_head=True)
+    head = both.model.lm_head
+    assert isinstance(head, LMHead) and isinstance(head.packed, Q8Weight)
+    emb = both.model.embed_tokens.weight
+    assert head.weight is emb and emb.numel() and emb.dtype == torch.float32  # lookups
+    added = both.weight_bytes["int8"] - body.weight_bytes["int8"]
+    assert added == head.packed.nbytes == emb.numel() * (1 + 4 / 32)
+    assert both.weight_bytes["float32"] == body.weight_bytes["float32"]
+    q = quant_quality.measure(ckpts["lfm2"], "int8", POSITIONS, length=256, quantize_lm_head=True)
+    max_kl, min_top1 = BOUNDS["lfm2"]
+    assert q.mean_kl <= max_kl and q.top1_agreement >= min_top1, q
+
+
 def test_a_request_gets_the_same_tokens_alone_or_in_a_batch(ckpts: dict[str, Path]) -> None:
     llm = LLM(ckpts["lfm2"], dtype="float32", quantization="int8")
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -26,12 +26,6 @@ class ParallelContext:
             dist.all_reduce(x, group=self.group)
         return x
 
-    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
-        """Elementwise max over the ranks, in place (start-up only: quantization scales)."""
-        if self.size > 1:
-            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
-        return x
-
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's block along the last dimension (rank order)."""
         if self.size == 1:

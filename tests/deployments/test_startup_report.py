@@ -13,8 +13,9 @@ from deployments.server import build_engine, startup_summary
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 from workers.startup import PhaseClock, process_age_s, rss_bytes
 
-# "prepack" joins them only with EngineConfig.prepack_cpu_weights (off by default).
-RUNNER_PHASES = ["weights", "state_pool"]
+# "prepack" joins them only with EngineConfig.prepack_cpu_weights (off by default), "quantize"
+# only with quantization; "cpu_kernels" (build or load of the AVX2 kernels) runs on CPU.
+RUNNER_PHASES = ["weights", "cpu_kernels", "state_pool"]
 
 
 @pytest.fixture(scope="module")

@@ -121,7 +121,7 @@ def drive(engine: LLMEngine, schedule: dict[int, list[list[int]]]) -> dict[str, 
     return done
 
 
-def assert_same_greedy(got: RequestOutput, tp1: RequestOutput) -> None:
+def assert_same_greedy(got: RequestOutput, tp1: RequestOutput, tol: float = 1e-4) -> None:
     """Token for token, except past a near-tie of TP=1 (summation order differs under TP)."""
     assert len(got.token_ids) == len(tp1.token_ids)
     for i, (a, b) in enumerate(zip(got.token_ids, tp1.token_ids, strict=True)):
@@ -130,7 +130,7 @@ def assert_same_greedy(got: RequestOutput, tp1: RequestOutput) -> None:
             margin = top[0][1] - top[1][1]
             assert margin < NEAR_TIE, f"{tp1.request_id}: token {i}: tp>1 {a} != tp1 {b}"
             return
-        assert got.logprobs[i] == pytest.approx(tp1.logprobs[i], abs=1e-4)
+        assert got.logprobs[i] == pytest.approx(tp1.logprobs[i], abs=tol)
 
 
 def compare(
@@ -338,9 +338,10 @@ def test_tp_prefix_cache_hits_equal_uncached_tp1(group: Group) -> None:
 
 def test_tp_int8_equals_tp1_int8(group: Group) -> None:
     """quantization="int8" at TP 2: each rank quantizes its own shard in blocks of 32 that never
-    straddle two ranks, so the ranks hold TP 1's integers and scales split, round the same
-    activation blocks to the same int16 values, and decode TP 1's int8 tokens with logprobs
-    as close as fp32's (only the order of the fp32 sums across blocks and ranks differs)."""
+    straddle two ranks, so the ranks hold TP 1's integers and scales split, and decode TP 1's
+    int8 tokens. Logprobs agree to 1e-3 rather than fp32's 1e-4 (measured 1.6e-4): TP's own
+    fp32 summation-order differences in the activations move an occasional value across an
+    int16 rounding boundary (1/32767 of its block's largest magnitude)."""
     if group.arch != "lfm2":
         pytest.skip("checked on LFM2: quantization is per layer kind, not per architecture")
     spec = replace(group.spec, engine_cfg=replace(engine_config(), quantization="int8"))
@@ -350,7 +351,7 @@ def test_tp_int8_equals_tp1_int8(group: Group) -> None:
         got = drive(LLMEngine(spec, tp2), {0: PROMPTS})
         assert sorted(got) == sorted(ref)
         for rid in ref:
-            assert_same_greedy(got[rid], ref[rid])
+            assert_same_greedy(got[rid], ref[rid], tol=1e-3)
         assert "int8" in tp1.runner.weight_bytes and "int8" in tp2.weight_bytes()
     finally:
         tp2.shutdown()

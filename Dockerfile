@@ -31,4 +31,19 @@ RUN pip install --no-cache-dir "/tmp/shortconv-src[serve]" \
     && cd /home/ray \
     && python -c "import shortconv, workers, deployments.app"
 
+# CPU variant: the AVX2 linears (shortconv/kernels/cpu_gemm.cpp) compile once with a C++
+# compiler into ~/.cache/shortconv/kernels; compiled here, the build ships in the image and a pod
+# starts without compiling (the cache key is the source, flags, torch and Python: all fixed
+# here). Never fatal: without a compiler or AVX2 on the build machine it prints why, and pods
+# compile at first start (or, with no compiler, serve fp32 on oneDNN and refuse int8).
+RUN if [ "${VARIANT}" = "cpu" ]; then \
+        (command -v c++ >/dev/null \
+            || (sudo apt-get update \
+                && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ \
+                && sudo rm -rf /var/lib/apt/lists/*) \
+            || echo "no C++ compiler in the image"); \
+        cd /home/ray && python -c "from shortconv.kernels import cpu_gemm; \
+print('CPU kernels:', cpu_gemm.load() or 'built into ' + str(cpu_gemm.library_path()))"; \
+    fi
+
 WORKDIR /home/ray

@@ -113,6 +113,10 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t k = b * kBlock;
+    // A tile's R rows are R * K contiguous bytes read R * kBlock (two lines) a block: fetch
+    // the same share of the next tile's bytes, so memory streams one tile ahead.
+    const char* next = reinterpret_cast<const char*>(rows[0].q + R * K + b * R * kBlock);
+    for (int line = 0; line < R * kBlock; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       const __m128i* src = reinterpret_cast<const __m128i*>(rows[r].q + k);
       const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(src));

@@ -41,27 +41,26 @@ def tree(pid: int) -> dict[int, str]:
     return {p: " ".join(procs[p][1])[:90] for p in members if p in procs}
 
 
-def rss_of(pid: int) -> int:
+def _kb_field(path: str, key: str) -> int:
+    """Bytes of the `key:` line (in kB) of a /proc file; 0 once the process is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def rss_of(pid: int) -> int:
+    return _kb_field(f"/proc/{pid}/status", "VmRSS:")
 
 
 def pss_of(pid: int) -> int:
     """Proportional set size: resident bytes with each shared page split among the processes
     that map it (Ray's forked workers share much of their interpreter and libraries), so a
     tree's sum is the memory it holds, counted once."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _kb_field(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def cpu_s(pid: int) -> float:

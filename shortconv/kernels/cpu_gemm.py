@@ -61,17 +61,25 @@ class Q8Weight:
         return w.view(rows, cols)
 
 
+def _round_blocks(x: torch.Tensor, qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, C] in blocks of 32 along C, each rounded to integers in [-qmax, qmax] with its own
+    fp32 scale (largest magnitude / qmax; an all-zero block keeps scale 0 and zeros): the
+    rounded values [R, C/32, 32] (as floats) and the scales [R, C/32]."""
+    rows, cols = x.shape
+    blocks = x.detach().float().reshape(rows, cols // Q8_BLOCK, Q8_BLOCK)
+    scale = blocks.abs().amax(dim=-1) / qmax
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(blocks / safe.unsqueeze(-1)), scale
+
+
 def quantize_q8(weight: torch.Tensor) -> Q8Weight:
     """Round `weight` [out, in] (in divisible by 32) to int8, one scale per 32 weights: each
-    block's largest magnitude maps to 127 (an all-zero block keeps scale 0)."""
+    block's largest magnitude maps to 127."""
     rows, cols = weight.shape
     if cols % Q8_BLOCK:
         raise ValueError(f"q8 needs in_features divisible by {Q8_BLOCK}, got {cols}")
-    blocks = weight.detach().float().reshape(rows, cols // Q8_BLOCK, Q8_BLOCK)
-    scale = blocks.abs().amax(dim=-1) / 127.0
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.round(blocks / safe.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
-    return Q8Weight(q.reshape(rows, cols).contiguous(), scale.contiguous())
+    q, scale = _round_blocks(weight, 127.0)
+    return Q8Weight(q.to(torch.int8).reshape(rows, cols).contiguous(), scale.contiguous())
 
 
 def gemm_f32_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -82,11 +90,7 @@ def gemm_f32_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) ->
 def quantize_x16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's rounding of x [M, K]: int16 values (as int64) and one fp32 scale per 32
     (largest magnitude / 32767), computed in fp32 as the kernel does."""
-    m, k = x.shape
-    blocks = x.float().reshape(m, k // Q8_BLOCK, Q8_BLOCK)
-    scale = blocks.abs().amax(dim=-1) / 32767.0
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.where(scale.unsqueeze(-1) > 0, torch.round(blocks / safe.unsqueeze(-1)), 0.0)
+    q, scale = _round_blocks(x, 32767.0)
     return q.to(torch.int64), scale
 
 

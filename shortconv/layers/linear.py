@@ -208,10 +208,9 @@ def use_cpu_gemm(model: nn.Module) -> int:
     weights are final and the kernels are loaded: kernels.cpu_gemm.load); returns how many."""
     n = 0
     for mod in model.modules():
-        w = getattr(mod, "weight", None)
-        if not (isinstance(mod, Packable) and w is not None and w.numel()):
+        if not (isinstance(mod, Packable) and mod.packed is None and mod.weight.numel()):
             continue
-        if w.device.type == "cpu" and w.dtype == torch.float32 and mod.packed is None:
+        if mod.weight.device.type == "cpu" and mod.weight.dtype == torch.float32:
             mod.packed = CpuGemm(CPU_GEMM_MAX_ROWS)
             n += 1
     return n

@@ -7,13 +7,16 @@ The same greedy request (`ignore_eos`) is timed three ways, each as the median g
 consecutive output tokens (TPOT):
 
     engine  LLMEngine.step() in a loop, this process (the offline engine)
-    async   the same engine behind AsyncEngine in this process: + the thread -> asyncio hand-off
+    async   a second engine behind AsyncEngine in this process: + the thread -> asyncio hand-off
     serve   `serve run deployments/lfm2.yaml` at its defaults, streamed over HTTP: + the replica's
             generator, the handle stream to the ingress, SSE framing, the proxy
 
-so the differences are the hops' costs. It also prints the replica's start-up report (phases,
-RSS, torch threads) and the time from `serve run` to ready. Run it on a quiet machine: every
-hop shares the CPUs with the model.
+one request of each per round, `--repeats` rounds with `serve run` up throughout, so a drift
+in the machine's speed (large on a shared VM) falls on the three alike; the differences are the
+hops' costs, and "serve / engine" is the median of the rounds' own ratios. A `--model` checkpoint
+is served from its `-text` sibling (serve_procs.with_visible_tokens), so every token streams.
+It also prints the replica's start-up report (phases, RSS, torch threads) and the time from
+`serve run` to ready. Run it on a quiet machine: every hop shares the CPUs with the model.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from serve_load import stream_one  # noqa: E402
-from serve_procs import cpu_snapshot, cpu_used, ours  # noqa: E402
+from serve_procs import cpu_snapshot, cpu_used, ours, with_visible_tokens  # noqa: E402
 
 from deployments.async_engine import AsyncEngine  # noqa: E402
 from shortconv.configs.config import EngineConfig  # noqa: E402
@@ -77,39 +80,40 @@ async def serve_tpot(url: str, model: str, prompt: list[int], max_tokens: int) -
     return statistics.median(res.gaps[1:])
 
 
-def in_process(model_dir: Path, prompt: list[int], params: SamplingParams, repeats: int) -> dict:
+def interleaved(args: argparse.Namespace, model_dir: Path, prompt: list[int]) -> dict:
+    """TPOT of the three hops, one request each per round, `--repeats` rounds: the in-process
+    engine and AsyncEngine are built beside the running `serve run` (idle while the others
+    time), so drift in the machine's speed falls on all three alike and the per-round ratios
+    cancel it. Also the CPU each `serve run` process spent per output token, and start-up."""
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    model_args = {"model": str(model_dir)} if args.model else {"tiny_arch": args.tiny}
     engine = build_engine(model_dir, dtype="float32", engine_config=EngineConfig())
-    offline = [engine_tpot(engine, prompt, params) for _ in range(repeats)]
-    loop = AsyncEngine(engine, admission_limit=4)
+    # NOTE: a second engine behind the loop: only the loop's thread may touch its engine.
+    loop = AsyncEngine(build_engine(model_dir, dtype="float32"), admission_limit=4)
     loop.start()
+    rounds: dict[str, list[float]] = {"engine": [], "async": [], "serve": []}
+    t0 = time.perf_counter()
     try:
-        handed = [asyncio.run(async_tpot(loop, prompt, params)) for _ in range(repeats)]
+        with ours(model_args, 600.0) as (url, pid):
+            ready = time.perf_counter() - t0
+            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+            asyncio.run(serve_tpot(url, model, prompt, args.max_tokens))  # warm-up
+            before = cpu_snapshot(pid)
+            for _ in range(args.repeats):
+                rounds["engine"].append(engine_tpot(engine, prompt, params))
+                rounds["async"].append(asyncio.run(async_tpot(loop, prompt, params)))
+                rounds["serve"].append(asyncio.run(serve_tpot(url, model, prompt, args.max_tokens)))
+            tokens = args.repeats * args.max_tokens
+            per_token = [(s / tokens, n) for s, n in cpu_used(before, pid)]
+            startup = httpx.get(f"{url}/v1/internal/stats", timeout=30).json().get("startup", {})
     finally:
         loop.shutdown()
-    return {"engine": statistics.median(offline), "async": statistics.median(handed)}
-
-
-def through_serve(args: argparse.Namespace, prompt: list[int]) -> dict:
-    """TPOT through `serve run`, and the CPU each of its processes spent per output token."""
-    model_args = {"model": args.model} if args.model else {"tiny_arch": args.tiny}
-    t0 = time.perf_counter()
-    with ours(model_args, 600.0) as (url, pid):
-        ready = time.perf_counter() - t0
-        model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-        asyncio.run(serve_tpot(url, model, prompt, args.max_tokens))  # warm-up
-        before = cpu_snapshot(pid)
-        tpots = [
-            asyncio.run(serve_tpot(url, model, prompt, args.max_tokens))
-            for _ in range(args.repeats)
-        ]
-        per_token = [(s / (args.repeats * args.max_tokens), n) for s, n in cpu_used(before, pid)]
-        startup = httpx.get(f"{url}/v1/internal/stats", timeout=30).json().get("startup", {})
-    return {
-        "serve": statistics.median(tpots),
-        "ready_s": ready,
-        "startup": startup,
-        "cpu_per_token": per_token,
-    }
+        engine.shutdown()
+    got: dict[str, Any] = {k: statistics.median(v) for k, v in rounds.items()}
+    pairs = zip(rounds["serve"], rounds["engine"], strict=True)
+    got["ratio"] = statistics.median(s / e for s, e in pairs)
+    got.update(ready_s=ready, startup=startup, cpu_per_token=per_token, rounds=rounds)
+    return got
 
 
 def tiny_checkpoint(arch: str) -> Path:
@@ -125,27 +129,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=140)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--no-serve", action="store_true", help="the in-process hops only")
     args = p.parse_args(argv)
     prompt = [3 + (7 * i) % 200 for i in range(args.prompt_tokens)]
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    model_dir = Path(args.model) if args.model else tiny_checkpoint(args.tiny)
-    got = in_process(model_dir, prompt, params, args.repeats)
-    if not args.no_serve:
-        got.update(through_serve(args, prompt))
-    ms = {k: 1e3 * got[k] for k in ("engine", "async", "serve") if k in got}
+    model_dir = with_visible_tokens(Path(args.model)) if args.model else tiny_checkpoint(args.tiny)
+    got = interleaved(args, model_dir, prompt)
     print("| hop | TPOT p50 (ms) | added (ms) |\n| --- | --- | --- |")
     prev = None
-    for name, value in ms.items():
+    for name in ("engine", "async", "serve"):
+        value = 1e3 * got[name]
         added = "" if prev is None else f"{value - prev:+.2f}"
         print(f"| {name} | {value:.2f} | {added} |")
         prev = value
+    print(f"# serve / engine, median of the rounds' ratios: {got['ratio']:.3f}")
+    for name, values in got["rounds"].items():
+        print(f"# {name} by round (ms): {' '.join(f'{1e3 * v:.1f}' for v in values)}")
     for cpu, name in got.get("cpu_per_token", []):
         if cpu >= 1e-4:
             print(f"# CPU per output token {1e3 * cpu:6.2f} ms  {name}")
-    if "ready_s" in got:
-        print(f"# ready {got['ready_s']:.1f}s after `serve run`; replica start-up:")
-        print(json.dumps(got["startup"], indent=1))
+    print(f"# ready {got['ready_s']:.1f}s after `serve run`; replica start-up:")
+    print(json.dumps(got["startup"], indent=1))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ its descendant) or llama-server. Resident memory and CPU time, process by proces
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,3 +102,26 @@ def ours(model_args: dict[str, object], timeout_s: float) -> Iterator[tuple[str,
     with serve_run(config, timeout_s) as (url, log):
         cfg = str(log.parent / "serve.yaml")  # NOTE: serve_run's layout: the config by the log
         yield url, next(p for p, (_, cmd) in processes().items() if cfg in cmd)
+
+
+def with_visible_tokens(model_dir: Path) -> Path:
+    """A sibling of `model_dir` whose `<|reserved_N|>` tokens are plain text, `[rN]`.
+
+    Our random checkpoints fill their vocab with reserved special tokens, and a random model's
+    greedy picks are nearly all of them: both servers then stream events with empty text (they
+    skip special tokens; llama.cpp's converter also makes every `<|...|>` token a control
+    token), and a client that counts text sees no tokens. Renamed and not special, each decodes
+    to its name on both servers, so every generated token is one visible piece. Token ids and
+    weights are unchanged (the weights are symlinked)."""
+    out = model_dir.with_name(model_dir.name + "-text")
+    out.mkdir(exist_ok=True)
+    for f in model_dir.iterdir():
+        if f.name != "tokenizer.json" and not (out / f.name).exists() and f.suffix != ".gguf":
+            (out / f.name).symlink_to(f.resolve())
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    for added in tok.get("added_tokens", []):
+        if added["content"].startswith("<|reserved_"):
+            added["content"] = "[r" + added["content"][len("<|reserved_") : -2] + "]"
+            added["special"] = False
+    (out / "tokenizer.json").write_text(json.dumps(tok))
+    return out

@@ -12,7 +12,8 @@ loads it at each concurrency with the same streaming client (bench/serve_load.py
 `--prompt-tokens` token ids, exactly `--max-tokens` out with `ignore_eos`, closed loop so that
 new prompts keep arriving), sums the resident memory of its whole process tree (RSS, and PSS,
 which counts a page shared by several processes once), and stops it.
-The offline engine's time per token at concurrency 1 is measured first, in this process.
+The offline engine is measured first, in this process, under the same closed loop at each
+concurrency (bench/closed_loop.py): the rows the served ones are divided by.
 `--dry-run` does the same on a tiny random LFM2 at concurrency 1 and 4 with short requests, for
 ours only unless a llama-server and a GGUF are at hand, and prints where llama-server would
 come from. Run the full benchmark on a quiet machine: both servers compete for the same cores.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -42,11 +42,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import serve_llamacpp as llama  # noqa: E402
+from closed_loop import closed_loop  # noqa: E402
 from serve_load import Result, pct, stream_one  # noqa: E402
-from serve_path import engine_tpot  # noqa: E402
-from serve_procs import ours, tree_memory  # noqa: E402
+from serve_procs import ours, tree_memory, with_visible_tokens  # noqa: E402
 
 from deployments.serve_run import free_port  # noqa: E402
+
+OFFLINE = "offline engine, same loop"
 
 
 async def load(url: str, conc: int, requests: int, args: argparse.Namespace) -> dict[str, float]:
@@ -131,41 +133,24 @@ def measure(name: str, server: Any, args: argparse.Namespace) -> list[dict[str, 
     return rows
 
 
-def offline_tpot(model_dir: Path, args: argparse.Namespace) -> float:
-    """The offline engine's median time per output token at concurrency 1 (seconds)."""
+def offline_rows(model_dir: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The offline engine under the same closed loop at each concurrency (bench/closed_loop.py),
+    stepped in this process: what `serve run` would show if its path cost nothing."""
     from shortconv.llm import build_engine
-    from shortconv.sampling.sampling_params import SamplingParams
 
     engine = build_engine(model_dir, dtype="float32")
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    prompt = [3 + (7 * i) % 200 for i in range(args.prompt_tokens)]
     try:
-        return statistics.median(engine_tpot(engine, prompt, params) for _ in range(2))
+        return [
+            {
+                "server": OFFLINE,
+                "concurrency": conc,
+                **closed_loop(engine, conc, max(conc * args.requests_per_client, 2), args),
+                "errors": 0.0,
+            }
+            for conc in args.concurrency
+        ]
     finally:
         engine.shutdown()
-
-
-def with_visible_tokens(model_dir: Path) -> Path:
-    """A sibling of `model_dir` whose `<|reserved_N|>` tokens are plain text, `[rN]`.
-
-    Our random checkpoints fill their vocab with reserved special tokens, and a random model's
-    greedy picks are nearly all of them: both servers then stream events with empty text (they
-    skip special tokens; llama.cpp's converter also makes every `<|...|>` token a control
-    token), and a client that counts text sees no tokens. Renamed and not special, each decodes
-    to its name on both servers, so every generated token is one visible piece. Token ids and
-    weights are unchanged (the weights are symlinked)."""
-    out = model_dir.with_name(model_dir.name + "-text")
-    out.mkdir(exist_ok=True)
-    for f in model_dir.iterdir():
-        if f.name != "tokenizer.json" and not (out / f.name).exists() and f.suffix != ".gguf":
-            (out / f.name).symlink_to(f.resolve())
-    tok = json.loads((model_dir / "tokenizer.json").read_text())
-    for added in tok.get("added_tokens", []):
-        if added["content"].startswith("<|reserved_"):
-            added["content"] = "[r" + added["content"][len("<|reserved_") : -2] + "]"
-            added["special"] = False
-    (out / "tokenizer.json").write_text(json.dumps(tok))
-    return out
 
 
 def llama_side(args: argparse.Namespace, model_dir: Path) -> tuple[Path, Path] | None:
@@ -181,17 +166,31 @@ def llama_side(args: argparse.Namespace, model_dir: Path) -> tuple[Path, Path] |
     return server, llama.convert_f32(model_dir, gguf)
 
 
-def table(rows: list[dict[str, Any]], offline_s: float) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     head = "| server | concurrency | out tok/s | TPOT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) | "
     head += "TTFT p50 (s) | ready (s) | RSS (GB) | PSS (GB) | errors |\n" + "| --- " * 11 + "|"
     lines = [head]
     for r in rows:
+        served = "ready_s" in r  # the offline rows have no server to start or measure
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['tok_s']:.1f} | {1e3 * r['tpot_p50']:.0f} "
-            f"| {1e3 * r['itl_p50']:.0f} | {1e3 * r['itl_p99']:.0f} | {r['ttft_p50']:.2f} "
-            f"| {r['ready_s']:.1f} | {r['rss_gb']:.2f} | {r['pss_gb']:.2f} | {r['errors']:.0f} |"
+            f"| {1e3 * r['itl_p50']:.0f} | {1e3 * r['itl_p99']:.0f} | {r['ttft_p50']:.2f} | "
+            + (
+                f"{r['ready_s']:.1f} | {r['rss_gb']:.2f} | {r['pss_gb']:.2f} | "
+                if served
+                else "- | - | - | "
+            )
+            + f"{r['errors']:.0f} |"
         )
-    lines.append(f"\nOffline engine, concurrency 1: {1e3 * offline_s:.0f} ms per output token.")
+    by = {(r["server"], r["concurrency"]): r for r in rows}
+    for conc in sorted({r["concurrency"] for r in rows}):
+        ref, got = by.get((OFFLINE, conc)), by.get(("shortconv serve run", conc))
+        if ref and got:
+            lines.append(
+                f"\nConcurrency {conc}: serve run / offline engine, TPOT p50 "
+                f"{got['tpot_p50'] / ref['tpot_p50']:.2f}x, output tok/s "
+                f"{got['tok_s'] / ref['tok_s']:.2f}x."
+            )
     return "\n".join(lines)
 
 
@@ -233,14 +232,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"# {cpu}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.2f}", flush=True)
     side = llama_side(args, model_dir)
-    offline_s = offline_tpot(model_dir, args)
-    rows: list[dict[str, Any]] = []
+    rows = offline_rows(model_dir, args)
     for _ in range(args.rounds):
         served = ours({"model": str(model_dir)}, args.start_timeout)
         rows += measure("shortconv serve run", served, args)
         if side is not None:
             rows += measure("llama-server f32", theirs(*side, args.start_timeout), args)
-    out = table(rows, offline_s)
+    out = table(rows)
     print(out, flush=True)
     if args.out:
         Path(args.out).write_text(f"CPU: {cpu}\n\n{out}\n")

@@ -13,16 +13,18 @@
 // _weight_int8pack_mm 2.9x slower, torchao's int8 weight-only 2x slower; fbgemm's W8A8 needs
 // 7-bit activations on AVX2). These loops read each weight once per call, for every x row.
 //
-// Work is split over output rows with at::parallel_for (torch's thread pool and thread
-// count). A tile holds 4 weight rows against up to 3 x rows: 12 accumulators, 3 x vectors and
-// a weight vector fill AVX2's 16 registers. Every output is its own row's sums in one fixed
-// order, so a row's result does not depend on the batch or the thread count. Compiled with
-// -mavx2 -mfma (no -march=native), one build for every AVX2 machine; Python checks the CPU
-// before loading it and holds the float64 references (shortconv/kernels/cpu_gemm.py).
+// Work is split over output rows in chunks that torch's threads take in turn (at::parallel_for,
+// torch's pool and thread count; see for_tiles). A tile holds 4 weight rows against up to 3 x
+// rows: 12 accumulators, 3 x vectors and a weight vector fill AVX2's 16 registers. Every
+// output is its own row's sums in one fixed order, so a row's result does not depend on the
+// batch or the thread count. Compiled with -mavx2 -mfma (no -march=native), one build for every
+// AVX2 machine; Python checks the CPU before loading it and holds the float64 references
+// (shortconv/kernels/cpu_gemm.py).
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -157,15 +159,31 @@ inline void q8_rows(const Q8Row* rows, int64_t K, const X16& x, int64_t M, float
   if (M - m == 1) tile_q8<R, 1>(rows, K, x.q.data() + m * K, x.scale.data() + m * nb, y + m * N, N);
 }
 
-// body(n0, nr) for the tiles of kRows weight rows (nr < kRows only for the last), split over
-// torch's threads; a task gets about 64 KB of weights at the least, below which a thread's
-// start costs more than it saves.
+// body(n0, nr) for the tiles of kRows weight rows (nr < kRows only for the last), on torch's
+// threads. A chunk is about 64 KB of weights at the least, below which a thread's start costs
+// more than it saves. NOTE: chunks are taken from a shared counter, about 8 per thread, not
+// split into one fixed share per thread: a server's own processes (its HTTP proxy, Ray) run on
+// the same cores, and a thread that loses its core for a while then delays only its current
+// chunk, where with fixed shares the other threads wait at the join for all of its share. A
+// tile's sums do not depend on which thread takes it.
 template <typename Body>
 void for_tiles(int64_t N, int64_t K, int64_t weight_bytes, const Body& body) {
   const int64_t tiles = (N + kRows - 1) / kRows;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (kRows * K * weight_bytes));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) body(t * kRows, std::min<int64_t>(kRows, N - t * kRows));
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunk = std::max(grain, (tiles + 8 * threads - 1) / (8 * threads));
+  const int64_t chunks = (tiles + chunk - 1) / chunk;
+  const auto run = [&](int64_t c) {
+    for (int64_t t = c * chunk; t < std::min(tiles, (c + 1) * chunk); ++t)
+      body(t * kRows, std::min<int64_t>(kRows, N - t * kRows));
+  };
+  if (threads == 1 || chunks == 1) {
+    for (int64_t c = 0; c < chunks; ++c) run(c);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) run(c);
   });
 }
 

@@ -8,6 +8,7 @@ import stays inside `build_executor`, so tp_size=1 runs where Ray is not install
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from shortconv.engine.executor import BaseExecutor
 from shortconv.engine.images import AnyImage
 from shortconv.engine.llm_engine import LLMEngine
 from shortconv.engine.outputs import RequestOutput
+from shortconv.engine.tokenizer import Tokenizer
 from shortconv.execution.worker_spec import WorkerSpec, plan_worker_spec
 from shortconv.sampling.sampling_params import SamplingParams
 
@@ -40,9 +42,15 @@ def build_engine(
     seed: int = 0,
     engine_config: EngineConfig | None = None,
 ) -> LLMEngine:
-    """Plan the worker spec, start its executor, and give both to a new engine."""
-    spec = plan_worker_spec(model, engine_config, dtype, device, tp_size)
-    return LLMEngine(spec, build_executor(spec, tp_size), seed=seed)
+    """Plan the worker spec, start its executor, and give both to a new engine.
+
+    NOTE: the tokenizer loads on a thread of its own meanwhile. It is Python (seconds for a
+    vocabulary of many added tokens: transformers deep-copies them), the weights' copy and the
+    kernels' build are not, so on a 2-core machine the two overlap instead of adding up."""
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
+        tokenizer = pool.submit(Tokenizer.load, Path(model))
+        spec = plan_worker_spec(model, engine_config, dtype, device, tp_size)
+        return LLMEngine(spec, build_executor(spec, tp_size), seed=seed, tokenizer=tokenizer)
 
 
 class LLM:

@@ -6,6 +6,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.sessions import SessionPins
@@ -32,13 +33,21 @@ class LLMEngine:
     """Scheduler + tokenizer over an executor it is given (the facade, `shortconv.llm`,
     picks the executor; the engine never names one)."""
 
-    def __init__(self, spec: WorkerSpec, executor: BaseExecutor, seed: int = 0) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        executor: BaseExecutor,
+        seed: int = 0,
+        tokenizer: Future[Tokenizer | None] | None = None,
+    ) -> None:
+        """`tokenizer`: the checkpoint's, being loaded meanwhile (`shortconv.llm.build_engine`);
+        None: loaded here."""
         self.spec = spec
         self.model_dir, self.model_cfg = spec.model_dir, spec.model_cfg
         self.engine_cfg = spec.engine_cfg
         self.dtype, self.device, self.capacity = spec.dtype, spec.device, spec.capacity
         self.max_model_len = spec.max_model_len
-        self.tokenizer = Tokenizer.load(self.model_dir)
+        self.tokenizer = tokenizer.result() if tokenizer else Tokenizer.load(self.model_dir)
         self.seed = seed
         self._ids = itertools.count()
         self.executor = executor

@@ -25,6 +25,7 @@ from deployments.app import (
     AppArgsError,
     build,
     deployment_options,
+    ingress_options,
     parse_args,
 )
 from deployments.router import SessionAffinityRouter
@@ -156,6 +157,13 @@ def test_serve_options_follow_the_args() -> None:
     }
     assert opts["max_ongoing_requests"] == 64 + 64 + ADMISSION_HEADROOM
     assert opts["max_queued_requests"] == 64 + 64
+    assert "num_replicas" not in opts
+    # Equal bounds: a fixed count, for both deployments (no scaling policy to run).
+    fixed = parse_args({"min_replicas": 2, "max_replicas": 2})
+    opts = deployment_options(fixed)
+    assert opts["num_replicas"] == 2 and "autoscaling_config" not in opts
+    assert ingress_options(parse_args({"max_replicas": 1}))["num_replicas"] == 1
+    assert ingress_options(fixed)["autoscaling_config"]["max_replicas"] == 2
     with pytest.raises(
         AppArgsError, match=r"min_replicas \(3\) must not exceed max_replicas \(2\)"
     ):

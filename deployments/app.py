@@ -1,9 +1,10 @@
 """The application builder: `import_path: deployments.app:build` in deployments/*.yaml.
 
-`build(args)` validates the YAML `args:` block (AppArgs) and binds three deployments: the
+`build(args)` validates the YAML `args:` block (AppArgs) and binds the deployments: the
 OpenAIIngress (the HTTP app; parses and checks each request, keys the prompt's prefix) bound to
-LLMServer (the model replicas, reached by typed handle calls, so its router sees the key) and
-to ResponseStore (stored Responses API responses, one replica shared by every ingress replica).
+LLMServer (the model replicas, reached by typed handle calls, so its router sees the key) and,
+where the ingress can scale past one replica, to ResponseStore (stored Responses API
+responses, one replica shared by every ingress replica; see shares_response_store).
 Every Serve option is decided here, once, from the args. A YAML `deployments:` entry for
 LLMServer or OpenAIIngress overrides them option by option (Serve's rule; a dict option such
 as `autoscaling_config` is replaced whole, so the replica bounds are args, not an override).
@@ -140,9 +141,27 @@ def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any
         "model_name": served_model_name(args),
         "max_request_bytes": args.max_request_bytes,
         "api_key": args.api_key,
+        "responses_ttl_s": args.responses_ttl_s,
+        "max_stored_responses": args.max_stored_responses,
     }
+    ingress = OpenAIIngress.options(**ingress_options(args))
+    if not shares_response_store(args):
+        return ingress.bind(llm, cfg)
     store = ResponseStoreServer.bind(args.responses_ttl_s, args.max_stored_responses)
-    return OpenAIIngress.options(**ingress_options(args)).bind(llm, cfg, store)
+    return ingress.bind(llm, cfg, store)
+
+
+def shares_response_store(args: AppArgs) -> bool:
+    """Whether stored Responses live in a ResponseStore deployment of their own (shared by
+    every ingress replica) rather than in the one ingress replica itself.
+
+    NOTE: only where the ingress can scale past one replica (its bound is `max_replicas`,
+    ingress_options): a single ingress replica keeps them itself, the same store with the same
+    lifetime, one Serve replica fewer. On the 2-core machine that replica was 146 MB resident,
+    1.2-1.4% of a core idle, and one more Ray worker importing Serve while the model replica
+    loads its weights (docs/serving_path.md). A YAML override of OpenAIIngress's replica count
+    above one must raise `max_replicas` too, or each ingress replica keeps its own."""
+    return args.max_replicas > 1
 
 
 def build(args: dict[str, Any]) -> Application:

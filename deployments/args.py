@@ -58,8 +58,9 @@ class AppArgs(EngineArgs):
     `max_waiting_requests` requests and answers the next one 503 (see deployments/app.py for
     the Serve options derived from it).
     `responses_ttl_s` / `max_stored_responses`: how long a stored Responses API response (and
-    its conversation, for `previous_response_id`) is kept by the app's ResponseStore deployment,
-    and how many at once (the oldest go first); deployments/responses_store.py.
+    its conversation, for `previous_response_id`) is kept (by the ingress, or by the app's
+    ResponseStore deployment where ingress replicas share one: deployments/app.py), and how many
+    at once (the oldest go first); deployments/responses_store.py.
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/app.py, so a YAML sets a `deployments:` entry only to override one of them.

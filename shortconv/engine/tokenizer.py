@@ -127,14 +127,20 @@ class Tokenizer:
 
     @classmethod
     def load(cls, model_dir: str | Path) -> Tokenizer | None:
-        """Load from a local directory; None when it holds no tokenizer files."""
+        """Load from a local directory; None when it holds no tokenizer files. A tokenizer slow
+        to build is kept in the user's cache for the next start (tokenizer_cache.py)."""
         from transformers import AutoTokenizer
+
+        from shortconv.engine.tokenizer_cache import load_or_build
 
         path = Path(model_dir)
         if not any((path / name).is_file() for name in _TOKENIZER_FILES):
             return None
-        hf = AutoTokenizer.from_pretrained(
-            str(path), trust_remote_code=False, local_files_only=True
+        hf = load_or_build(
+            path,
+            lambda: AutoTokenizer.from_pretrained(
+                str(path), trust_remote_code=False, local_files_only=True
+            ),
         )
         return cls(hf)
 

@@ -24,10 +24,12 @@ from deployments.app import (
     ADMISSION_HEADROOM,
     AppArgsError,
     build,
+    build_app,
     deployment_options,
     ingress_options,
     parse_args,
 )
+from deployments.ingress import IngressConfig
 from deployments.router import SessionAffinityRouter
 
 DEP = DeploymentID(name="LLMServer", app_name="app")
@@ -208,3 +210,16 @@ def test_model_root_confines_model(tmp_path: Path) -> None:
         model_source.resolve_model(parse_args({"model": "../x", "model_root": str(tmp_path)}))
     with pytest.raises(ValueError, match="no config.json"):
         model_source.resolve_model(parse_args({"model": str(tmp_path)}))
+
+
+def test_the_response_store_is_a_deployment_only_where_ingress_replicas_share_it() -> None:
+    """One ingress replica keeps stored Responses itself (one Serve replica fewer, with the
+    args' limits); an ingress that can scale past one shares one ResponseStore deployment."""
+    for max_replicas, shared in ((1, False), (2, True)):
+        args = parse_args({"max_replicas": max_replicas, "responses_ttl_s": 12.0})
+        ingress = build_app(args)._bound_deployment
+        assert ingress.name == "OpenAIIngress"
+        _, cfg, *store = ingress.init_args
+        assert [s._bound_deployment.name for s in store] == (["ResponseStore"] if shared else [])
+        assert (cfg["responses_ttl_s"], cfg["max_stored_responses"]) == (12.0, 10_000)
+        assert IngressConfig(**cfg).responses_ttl_s == 12.0  # the local store's limits

@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from PIL import Image
 
 from shortconv.engine.images import AnyImage, GridImageInput, ImageInput, ImageSpec
+
+if TYPE_CHECKING:  # NOTE: types only: the app's build task imports this module, not torch
+    import torch
 
 
 class PromptError(ValueError):

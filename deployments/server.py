@@ -17,7 +17,6 @@ import logging
 import time
 from typing import Any
 
-import torch
 from ray import serve
 
 from deployments.args import AppArgs
@@ -97,6 +96,8 @@ class LLMServer(OpenAIReplica):
         args: dict[str, Any],
         engine_factory: str | None = None,
     ) -> None:
+        import torch  # NOTE: here: the app's build task imports this module, never torch
+
         app_args = AppArgs.model_validate(args)
         clock = PhaseClock()  # NOTE: first, so `before_s` is the process's life before us
         # tp_size > 1: the ranks compute, each following its own reservation.

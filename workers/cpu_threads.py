@@ -12,7 +12,6 @@ import logging
 import os
 
 import ray
-import torch
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +37,8 @@ def follow_reservation(who: str) -> int:
 
     NOTE: torch keeps the count in a process-wide setting that threads started later (the
     AsyncEngine's loop, a compiled graph's executor) pick up on their first parallel op."""
+    import torch  # NOTE: here, so that importing the app (its build task) does not import it
+
     cpus = reserved_cpus()
     if cpus is None:
         return torch.get_num_threads()

@@ -5,22 +5,25 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from shortconv.configs.hf import model_fields
 from shortconv.configs.hf.common import RopeSpec
 from shortconv.errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
+
+# Dtype names -> torch's attribute names. NOTE: names, not torch dtypes, so that importing the
+# configs (the app's build task, the ingress) does not import torch (about 2.6 s there).
 _DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 
 
@@ -116,14 +119,16 @@ class ModelConfig:
 
 def resolve_dtype(dtype: str | torch.dtype, raw: dict[str, Any] | None = None) -> torch.dtype:
     """`auto` takes the checkpoint's `torch_dtype`/`dtype` (float32 when absent)."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         found = (raw or {}).get("dtype") or (raw or {}).get("torch_dtype") or "float32"
-        return _DTYPES.get(str(found), torch.float32)
+        return getattr(torch, _DTYPES.get(str(found), "float32"))
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {dtype!r}")
-    return _DTYPES[dtype]
+    return getattr(torch, _DTYPES[dtype])
 
 
 CPU_PREFILL_TOKENS_WHILE_DECODING = 32

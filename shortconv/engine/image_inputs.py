@@ -17,11 +17,14 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from shortconv.sampling.sampling_params import InvalidRequest
+
+# NOTE: torch only where a tensor is made: the app's build task and the ingress import this
+# module (through the chat prompt types) and never need torch itself.
+if TYPE_CHECKING:
+    import torch
 
 
 class Digested:
@@ -42,6 +45,8 @@ def image_digest(image: Digested) -> int:
     """A negative id from the sha256 of the image's pixels (bytes, dtype, shape) and patch grids
     (`spatial_shapes` or `image_grid_thw`): equal for the same processor output, different (but
     for a 2**-63 chance) otherwise."""
+    import torch
+
     pixels = image.pixel_values.detach().cpu().contiguous()
     h = hashlib.sha256(f"{pixels.dtype}{tuple(pixels.shape)}{image.grids}".encode())
     h.update(pixels.view(torch.uint8).numpy().tobytes())
@@ -76,6 +81,8 @@ class ImageInput(Digested):
             for t, hw in zip(im.pixel_values, im.spatial_shapes, strict=True)
         ]
         longest = max(h * w for _, (h, w) in tiles)
+        import torch
+
         pixels = torch.zeros(len(tiles), longest, tiles[0][0].shape[-1], device=device)
         for i, (tile, (h, w)) in enumerate(tiles):
             pixels[i, : h * w] = tile[: h * w]
@@ -134,7 +141,7 @@ class GridImageInput(Digested):
         if sum(sizes) != len(pixels):
             msg = f"{len(pixels)} rows in pixel_values, {sum(sizes)} in image_grid_thw"
             raise InvalidRequest(msg, "images")
-        rows = torch.split(pixels, sizes)
+        rows = pixels.split(sizes)
         pairs = zip(rows, grids, strict=True)
         return [GridImageInput(r, (int(t), int(h), int(w))) for r, (t, h, w) in pairs]
 
@@ -143,6 +150,8 @@ class GridImageInput(Digested):
         images: Sequence[GridImageInput], device: torch.device
     ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """The images' rows, concatenated, and each one's `(h, w)` (LFM3-VL's `encode_images`)."""
+        import torch
+
         pixels = torch.cat([im.pixel_values for im in images]).to(device)
         return pixels, [im.grid_thw[1:] for im in images]
 

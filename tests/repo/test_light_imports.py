@@ -1,0 +1,37 @@
+"""What must import without torch: the app's build task (`deployments.app:build`, run by Serve
+before any replica starts, so its imports are on the start-up's critical path) and the HTTP
+ingress, whose process never computes. Importing torch there cost about 2.6 s of the build
+on the 2-core machine (docs/serving_path.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("module", ["deployments.app", "deployments.ingress"])
+def test_imports_without_torch(module: str) -> None:
+    probe = (
+        f"import sys, {module}\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", f"{module} imported {out.stdout.strip()}"
+
+
+def test_the_app_still_builds_its_deployments() -> None:
+    """The lazily imported pieces are still the ones Serve deploys."""
+    from deployments.app import build_app, parse_args
+
+    ingress = build_app(parse_args({"max_replicas": 1}))._bound_deployment
+    llm = ingress.init_args[0]._bound_deployment
+    assert (ingress.name, llm.name) == ("OpenAIIngress", "LLMServer")

@@ -61,6 +61,10 @@ class AppArgs(EngineArgs):
     its conversation, for `previous_response_id`) is kept (by the ingress, or by the app's
     ResponseStore deployment where ingress replicas share one: deployments/app.py), and how many
     at once (the oldest go first); deployments/responses_store.py.
+    `gil_switch_interval_ms`: the replica process's `sys.setswitchinterval`, how long a Python
+    thread may keep the GIL while another waits for it (Python's default: 5 ms). The engine
+    thread waits for it after every op while Serve's event loops relay the last step's tokens,
+    so it is shorter by default (deployments/server.py).
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/app.py, so a YAML sets a `deployments:` entry only to override one of them.
@@ -85,6 +89,7 @@ class AppArgs(EngineArgs):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(2, ge=1)
     images: ImageLimits = ImageLimits()  # chat image parts (deployments/image_limits.py)
+    gil_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> AppArgs:

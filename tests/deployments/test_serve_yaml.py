@@ -111,6 +111,7 @@ def test_serve_run_yaml_answers_openai_client(served: tuple[str, AppArgs]) -> No
     plan = cpu_plan("all", args.tp_size)
     if args.tp_size == 1:
         assert startup["torch_threads"] == threads_for(plan.replica)
+    assert startup["gil_switch_interval_ms"] == args.gil_switch_interval_ms  # in the replica
     for rank in startup["ranks"]:
         assert rank["who"].endswith(f"({threads_for(plan.per_worker)} threads)")
     bad = httpx.post(

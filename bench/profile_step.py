@@ -95,7 +95,9 @@ def budget(args: argparse.Namespace) -> tuple[int, int]:
     return steps, args.context + steps + 16
 
 
-def make_llm(model_dir: Path, graphs: bool, args: argparse.Namespace, prepack: bool = True) -> LLM:
+def make_llm(model_dir: Path, graphs: bool, args: argparse.Namespace, prepack: bool = False) -> LLM:
+    """An engine for `model_dir`. NOTE: `prepack` off unless asked, as in the engine's own
+    default (EngineConfig.prepack_cpu_weights), so a plain run profiles the served path."""
     from shortconv.configs.config import ModelConfig
 
     longest = budget(args)[1]

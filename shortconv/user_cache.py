@@ -3,6 +3,10 @@ tokenizers): `$SHORTCONV_CACHE`, else `$XDG_CACHE_HOME/shortconv`, else `~/.cach
 
 Everything under it is derived from inputs it is keyed by, so deleting it only costs the next
 start the time to rebuild.
+
+NOTE: the CPU kernels' build cache (`shortconv/kernels/cpu_gemm.py`, `cache_dir`) resolves the
+same root with its own copy of this rule, since the kernels import nothing outside
+`shortconv.kernels` (tests/repo/test_import_direction.py).
 """
 
 from __future__ import annotations

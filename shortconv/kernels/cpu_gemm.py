@@ -26,8 +26,6 @@ from pathlib import Path
 
 import torch
 
-from shortconv.user_cache import cache_root
-
 log = logging.getLogger(__name__)
 
 Q8_BLOCK = 32  # weights per scale
@@ -123,7 +121,10 @@ def cpu_has_avx2_fma() -> bool:
 
 
 def cache_dir() -> Path:
-    return cache_root() / "kernels"
+    root = os.environ.get("SHORTCONV_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shortconv"
+    )
+    return Path(root) / "kernels"
 
 
 # NOTE: -fopenmp, or ATen's parallel_for compiles to a serial loop; libgomp resolves at run time

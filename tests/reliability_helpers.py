@@ -87,15 +87,21 @@ def stream_text(events: list[str]) -> str:
     return "".join(out)
 
 
-def replica_stats(http: httpx.Client, num_replicas: int, tries: int = 40) -> dict[str, dict]:
-    """/v1/internal/stats of every replica (requests without a session spread over them)."""
+def replica_stats(http: httpx.Client, num_replicas: int, within_s: float = 30.0) -> dict[str, dict]:
+    """/v1/internal/stats of every replica (requests without a session spread over them).
+
+    NOTE: asked until each replica answered or `within_s` passed, with a pause between asks:
+    right after a load, the router sends every ask to the replica it sees least loaded while
+    the other drains, and a fixed number of back-to-back asks (40) all reached one replica
+    under a full parallel test run."""
     seen: dict[str, dict] = {}
-    for _ in range(tries):
+    deadline = time.monotonic() + within_s
+    while True:
         r = http.get("/v1/internal/stats")
         seen[r.headers[REPLICA_HEADER]] = r.json()
-        if len(seen) >= num_replicas:
-            break
-    return seen
+        if len(seen) >= num_replicas or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.05)
 
 
 def idle(stats: dict[str, Any]) -> bool:

@@ -75,14 +75,14 @@ class ImageInput(Digested):
     ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """Every tile of `images`, cut to its real patches and padded to the longest: `[N, L,
         P]`, and each tile's grid (LFM2-VL's `encode_images`)."""
+        import torch
+
         tiles = [
             (t, hw)
             for im in images
             for t, hw in zip(im.pixel_values, im.spatial_shapes, strict=True)
         ]
         longest = max(h * w for _, (h, w) in tiles)
-        import torch
-
         pixels = torch.zeros(len(tiles), longest, tiles[0][0].shape[-1], device=device)
         for i, (tile, (h, w)) in enumerate(tiles):
             pixels[i, : h * w] = tile[: h * w]

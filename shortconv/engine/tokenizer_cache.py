@@ -14,9 +14,9 @@ construction took at least `CACHE_MIN_BUILD_S` are kept (small ones gain nothing
 fill the cache). `SHORTCONV_TOKENIZER_CACHE=0` turns it off.
 
 NOTE: the entry is a pickle, read back only from the user's own cache directory
-(shortconv/user_cache.py), which already holds the CPU kernels this process loads as native
-code: whoever can write there can run code as this user either way. A file that fails to load
-is rebuilt and replaced.
+(`cache_root` in shortconv/kernels/cpu_gemm.py), which already holds the CPU kernels this
+process loads as native code: whoever can write there can run code as this user either way.
+A file that fails to load is rebuilt and replaced.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from shortconv.user_cache import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +63,14 @@ def cache_key(model_dir: Path) -> str:
     return h.hexdigest()[:32]
 
 
+def entries_dir() -> Path:
+    from shortconv.kernels.cpu_gemm import cache_root  # NOTE: the one rule for the cache's root
+
+    return cache_root() / "tokenizers"
+
+
 def entry_path(model_dir: Path) -> Path:
-    return cache_root() / "tokenizers" / f"{cache_key(model_dir)}.pkl"
+    return entries_dir() / f"{cache_key(model_dir)}.pkl"
 
 
 def load_or_build(

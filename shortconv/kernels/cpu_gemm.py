@@ -120,11 +120,19 @@ def cpu_has_avx2_fma() -> bool:
     return "avx2" in flags and "fma" in flags
 
 
-def cache_dir() -> Path:
+def cache_root() -> Path:
+    """The per-user cache of the engine's derived files (these kernels' builds, and the
+    tokenizers of shortconv/engine/tokenizer_cache.py): `$SHORTCONV_CACHE`, else
+    `$XDG_CACHE_HOME/shortconv`, else `~/.cache/shortconv`. Everything under it is keyed by
+    what it is derived from, so deleting it only costs the next start a rebuild."""
     root = os.environ.get("SHORTCONV_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shortconv"
     )
-    return Path(root) / "kernels"
+    return Path(root)
+
+
+def cache_dir() -> Path:
+    return cache_root() / "kernels"
 
 
 # NOTE: -fopenmp, or ATen's parallel_for compiles to a serial loop; libgomp resolves at run time

@@ -53,7 +53,7 @@ def _behaviour(tok: Tokenizer) -> tuple[object, ...]:
 
 
 def _entries() -> list[Path]:
-    return sorted((tokenizer_cache.cache_root() / "tokenizers").glob("*.pkl"))
+    return sorted(tokenizer_cache.entries_dir().glob("*.pkl"))
 
 
 def test_second_load_is_a_cache_hit_and_behaves_the_same(ckpt: Path, builds: list[str]) -> None:

@@ -10,16 +10,19 @@ ARG VARIANT=cpu
 FROM rayproject/ray:${RAY_VERSION}-py311-${VARIANT}
 
 ARG VARIANT
-ARG TORCH_VERSION=2.13.0
-# Empty: PyTorch's CPU-only index for the CPU variant (PyPI's default torch wheel pulls several GB
-# of CUDA libraries that a CPU image never uses), PyPI's CUDA build for the GPU variant.
+# The same torch and torchvision as `make setup` (torchvision: LFM2-VL's image processor). The
+# GPU variant takes PyPI's CUDA build with torch's own Triton (3.8), the one the tests compile
+# against. Empty index: PyTorch's CPU-only index for the CPU variant: the same release without
+# the ~4 GB of CUDA libraries a CPU pod never loads.
+ARG TORCH_VERSION=2.14.1
+ARG TORCHVISION_VERSION=0.29.1
 ARG TORCH_INDEX_URL=
 
 # torch first, alone and pinned, so that installing the project never resolves a different build.
 RUN if [ -z "${TORCH_INDEX_URL}" ] && [ "${VARIANT}" = "cpu" ]; then \
         TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; \
     fi; \
-    pip install --no-cache-dir "torch==${TORCH_VERSION}" \
+    pip install --no-cache-dir "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
         ${TORCH_INDEX_URL:+--index-url "${TORCH_INDEX_URL}"}
 
 COPY --chown=ray:users pyproject.toml README.md /tmp/shortconv-src/

@@ -9,10 +9,12 @@ PYTEST_ARGS ?=
 $(VPY):
 	$(PY) -m venv $(VENV)
 
-# torch is installed first, alone and pinned, so no other torch build is ever pulled in.
+# torch (with its torchvision) is installed first, alone and pinned, so no other torch build is
+# ever pulled in. 2.14.1 is PyPI's CUDA build: the same torch on CPU and GPU machines; on a
+# machine without a GPU it runs on the CPU (the venv is about 5.5 GB, most of it CUDA libraries).
 setup: $(VPY)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(VPY) -m pip install -q -e ".[serve,dev]"
 
 # pytest-xdist workers: the modules that start Ray run in two units of one worker each, and

@@ -46,7 +46,7 @@ def _triton_module(module: str = "conv1d_triton") -> ModuleType:
     except ImportError as exc:
         raise RuntimeError(
             f"{ENV_VAR}=triton (or a CUDA tensor) needs the triton package, which failed to "
-            f"import ({exc}). Install it with `pip install triton==3.6.0` (part of the `dev` "
+            f"import ({exc}). Install it with `pip install triton==3.8.0` (part of the `dev` "
             f"extra), or set {ENV_VAR}=torch to use the pure-torch reference."
         ) from exc
 

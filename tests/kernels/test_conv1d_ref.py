@@ -203,5 +203,5 @@ def test_dispatch_without_triton_names_the_fix(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "shortconv.kernels.conv1d_triton", None)
     monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
     xd, states, weight = torch.randn(2, 7), torch.randn(3, 7, 3), torch.randn(7, 4)
-    with pytest.raises(RuntimeError, match=r"pip install triton==3\.6\.0"):
+    with pytest.raises(RuntimeError, match=r"pip install triton==3\.8\.0"):
         causal_conv1d_update(xd, states, weight, None, torch.tensor([0, 1]))

@@ -2,8 +2,9 @@
 
 Downloads are async (httpx, on the replica's event loop): the body streams in and is cut off
 past `max_bytes`, the whole fetch (redirects included) runs under one `fetch_timeout_s`, and
-redirects are followed by hand so that each hop's scheme is checked and counted. Every refusal
-is an `ImageError` whose message a client can act on; the caller names the content part.
+redirects are followed by hand so that each hop's scheme is checked and counted, and each hop's
+host is checked and connected to at its checked address (deployments/image_hosts.py). Every
+refusal is an `ImageError` whose message a client can act on; the caller names the content part.
 """
 
 from __future__ import annotations
@@ -15,13 +16,10 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from deployments.image_limits import ImageLimits
+from deployments.image_hosts import HostGuard
+from deployments.image_limits import ImageError, ImageLimits
 
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp")
-
-
-class ImageError(ValueError):
-    """A client's image that cannot be used: the message says why."""
 
 
 def scheme_of(url: str, limits: ImageLimits) -> str:
@@ -53,22 +51,31 @@ def decode_data_url(url: str, limits: ImageLimits) -> bytes:
     return data
 
 
-async def fetch_image(url: str, limits: ImageLimits, client: httpx.AsyncClient) -> bytes:
-    """The bytes of an allowed `data:` or http(s) URL, or ImageError."""
+async def fetch_image(
+    url: str, limits: ImageLimits, client: httpx.AsyncClient, guard: HostGuard | None = None
+) -> bytes:
+    """The bytes of an allowed `data:` or http(s) URL, or ImageError; `guard` defaults to
+    `limits`' own (tests inject one)."""
     if scheme_of(url, limits) == "data":
         return decode_data_url(url, limits)
     try:
-        async with asyncio.timeout(limits.fetch_timeout_s):
-            return await _download(url, limits, client)
+        async with asyncio.timeout(limits.fetch_timeout_s):  # NOTE: DNS included
+            return await _download(url, limits, client, guard or HostGuard.of(limits))
     except TimeoutError:
         raise ImageError(f"fetching the image took over {limits.fetch_timeout_s:g} s") from None
     except httpx.HTTPError as exc:
         raise ImageError(f"image URL is unreachable: {type(exc).__name__}: {exc}") from None
 
 
-async def _download(url: str, limits: ImageLimits, client: httpx.AsyncClient) -> bytes:
+async def _download(
+    url: str, limits: ImageLimits, client: httpx.AsyncClient, guard: HostGuard
+) -> bytes:
     for _ in range(limits.max_redirects + 1):
-        async with client.stream("GET", url, follow_redirects=False) as resp:
+        to = await guard.pin(url)  # NOTE: every hop: a redirect may point inside
+        get = client.stream(
+            "GET", to.url, headers=to.headers, extensions=to.extensions, follow_redirects=False
+        )
+        async with get as resp:
             if resp.is_redirect:
                 url = urljoin(url, resp.headers.get("location", ""))
                 if scheme_of(url, limits) == "data":

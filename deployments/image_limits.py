@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Scheme = Literal["data", "http", "https"]  # NOTE: never `file:`: a client must not read our disk
+
+
+class ImageError(ValueError):
+    """A client's image that cannot be used: the message says why."""
 
 
 class ImageLimits(BaseModel):
@@ -19,7 +23,10 @@ class ImageLimits(BaseModel):
     size (a download or a data URL's decoded bytes); `max_pixels`: one image's width x height,
     read from its header before it is decoded; `fetch_timeout_s`: one URL's whole download,
     redirects included; `max_redirects`: followed per URL, each hop's scheme checked again;
-    `schemes`: the URL schemes accepted."""
+    `schemes`: the URL schemes accepted; `allow_private_networks`: let URLs reach loopback,
+    private, link-local and other local addresses (refused by default: deployments/image_hosts.py);
+    `allowed_hosts`: if set, the only host names an http(s) URL (and each redirect) may name,
+    matched exactly, ignoring case."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -29,3 +36,10 @@ class ImageLimits(BaseModel):
     fetch_timeout_s: float = Field(10.0, gt=0)
     max_redirects: int = Field(3, ge=0)
     schemes: tuple[Scheme, ...] = ("data", "http", "https")
+    allow_private_networks: bool = False
+    allowed_hosts: tuple[str, ...] | None = Field(None, min_length=1)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _lower_case(cls, hosts: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if hosts is None else tuple(h.strip().lower() for h in hosts)

@@ -12,6 +12,7 @@ from PIL import Image
 
 from deployments.image_decode import decode_image
 from deployments.image_fetch import ImageError, fetch_image
+from deployments.image_hosts import HostGuard
 from deployments.image_limits import ImageLimits
 from deployments.openai_content import ImageRef
 from deployments.openai_errors import APIError
@@ -20,9 +21,18 @@ from deployments.openai_errors import APIError
 class ImageLoader:
     """Fetches and decodes a request's images within `limits`, over one shared http client."""
 
-    def __init__(self, limits: ImageLimits, client: httpx.AsyncClient | None = None) -> None:
-        self.limits = limits
-        self.client = client or httpx.AsyncClient(trust_env=False)
+    def __init__(
+        self,
+        limits: ImageLimits,
+        client: httpx.AsyncClient | None = None,
+        guard: HostGuard | None = None,
+    ) -> None:
+        self.limits, self.guard = limits, guard or HostGuard.of(limits)
+        # NOTE: no proxy from the environment (it would connect in our place, unchecked), and no
+        # kept connections: httpx pools by the address it connected to, so a kept https connection
+        # would carry another host's request under the first host's verified certificate.
+        no_reuse = httpx.Limits(max_keepalive_connections=0)
+        self.client = client or httpx.AsyncClient(trust_env=False, limits=no_reuse)
 
     async def load(self, refs: list[ImageRef]) -> list[Image.Image]:
         """The images in order; the first that fails refuses the request (the rest are
@@ -40,7 +50,7 @@ class ImageLoader:
 
     async def _one(self, ref: ImageRef) -> Image.Image:
         try:
-            data = await fetch_image(ref.url, self.limits, self.client)
+            data = await fetch_image(ref.url, self.limits, self.client, self.guard)
             return await asyncio.to_thread(decode_image, data, self.limits)
         except ImageError as exc:
             raise APIError(f"{ref.param}: {exc}", param=ref.param) from None

@@ -137,6 +137,7 @@ CASES: dict[str, dict[str, Any]] = {
     "monitoring-off": {**monitoring(False), "podDisruptionBudget": {"enabled": False}},
     "service-off": {"service": {"enabled": False}},
     "autoscaler-off": {"autoscaler": {"enabled": False}},
+    "api-key-secret": {"apiKey": {"existingSecret": "shortconv-api-key", "secretKey": "key"}},
     "extras": {
         "env": [{"name": "RAY_LOG_LEVEL", "value": "debug"}],
         "imagePullSecrets": [{"name": "regcred"}],

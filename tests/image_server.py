@@ -2,7 +2,8 @@
 
 Routes: `/img/<name>` serves a registered body (its content type from the name's suffix),
 `/redirect/<n>/<name>` redirects n times before it, `/slow/<name>` sends the body a byte per
-0.2 s, `/big` announces and streams 1 MiB, `/file` redirects to a `file:` URL, `/404` is 404.
+0.2 s, `/big` announces and streams 1 MiB, `/file` redirects to a `file:` URL, `/404` is 404,
+`/elsewhere/<host:port>/<name>` redirects to `/img/<name>` on another server.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class _Handler(BaseHTTPRequestHandler):
         target = f"/img/{name}" if left == 0 else f"/redirect/{left}/{name}"
         self._moved(target)
 
+    def _elsewhere(self, netloc: str, name: str) -> None:
+        self._moved(f"http://{netloc}/img/{name}")
+
     def _file(self) -> None:
         self._moved("file:///etc/passwd")
 
@@ -94,15 +98,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def image_server(bodies: dict[str, bytes]) -> Iterator[str]:
-    """The server's base URL (`http://127.0.0.1:<port>`), serving `bodies` by name."""
+def image_server(bodies: dict[str, bytes], host: str = "127.0.0.1") -> Iterator[str]:
+    """The server's base URL (`http://<host>:<port>`, a loopback host), serving `bodies` by
+    name."""
     handler = type("Handler", (_Handler,), {"bodies": bodies})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = ThreadingHTTPServer((host, 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

@@ -25,7 +25,15 @@ BODIES = {
     "b.jpeg": image_bytes((8, 30), "jpeg", seed=2),
     "c.gif": image_bytes((4, 4), "gif"),
 }
-LIMITS = ImageLimits(max_images=3, max_bytes=64 << 10, max_pixels=64 * 64, fetch_timeout_s=1.0)
+# NOTE: the image server is on loopback, which the replica refuses by default (SSRF guard:
+# tests/deployments/test_image_hosts.py), so these limits allow private networks explicitly.
+LIMITS = ImageLimits(
+    max_images=3,
+    max_bytes=64 << 10,
+    max_pixels=64 * 64,
+    fetch_timeout_s=1.0,
+    allow_private_networks=True,
+)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +169,7 @@ def test_limits_defaults_and_no_file_scheme() -> None:
     d = ImageLimits()
     assert (d.max_images, d.max_bytes, d.max_pixels) == (8, 10 << 20, 4096 * 4096)
     assert (d.fetch_timeout_s, d.max_redirects, d.schemes) == (10.0, 3, ("data", "http", "https"))
+    assert not d.allow_private_networks and d.allowed_hosts is None
     with pytest.raises(ValueError):
         ImageLimits.model_validate({"schemes": ["file"]})
 

@@ -32,7 +32,10 @@ from shortconv.sampling.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300.0
-LIMITS = {"max_images": 3, "max_bytes": 48 << 10, "max_pixels": 200 * 200, "fetch_timeout_s": 2}
+LIMITS = {"max_images": 3, "max_bytes": 48 << 10, "max_pixels": 200 * 200, "fetch_timeout_s": 2,
+          # NOTE: the image server is on loopback, refused by default (the SSRF guard); the
+          # host list then refuses `localhost` (the "host-not-allowed" row) through serve run.
+          "allow_private_networks": True, "allowed_hosts": ["127.0.0.1"]}  # fmt: skip
 RED = image_bytes((40, 24), "png", seed=1)
 BLUE = image_bytes((16, 56), "jpeg", seed=2)
 WIDE = image_bytes((64, 32), "webp", seed=3)
@@ -154,6 +157,8 @@ def _bad(served: Served) -> dict[str, tuple[list[dict[str, Any]], dict[str, Any]
         "too-many-pixels": (one(data_url(image_bytes((201, 200)))), {}, part),
         "too-many-bytes": (one(f"{img}/big"), {}, part),
         "unreachable": (one("http://127.0.0.1:9/red.png"), {}, part),
+        "host-not-allowed": (one(img.replace("127.0.0.1", "localhost") + "/img/red.png"), {},
+                             part),
         "file-scheme": (one("file:///etc/hostname"), {}, part),
         "redirect-to-file": (one(f"{img}/file"), {}, part),
         "too-many-redirects": (one(f"{img}/redirect/4/red.png"), {}, part),

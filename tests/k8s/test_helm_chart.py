@@ -177,6 +177,19 @@ def test_every_pod_exports_metrics_and_reads_the_session_header(case: str) -> No
         assert svc["spec"]["selector"]["ray.io/serve"] == "true"
 
 
+@pytest.mark.parametrize("case", ["api-key-secret", "default"])
+def test_api_key_comes_from_the_secret_in_every_ray_container(case: str) -> None:
+    secret = hu.effective(case)["apiKey"]
+    for container in hu.ray_containers(hu.one(hu.rendered(case), "RayService")):
+        env = {e["name"]: e for e in container["env"]}
+        if not secret["existingSecret"]:
+            assert "SHORTCONV_API_KEY" not in env
+            continue
+        assert "value" not in env["SHORTCONV_API_KEY"]  # never the key itself in the manifest
+        ref = env["SHORTCONV_API_KEY"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": secret["existingSecret"], "key": secret["secretKey"]}
+
+
 # ---- serveConfigV2: one source of truth with deployments/*.yaml ---------------------------------
 
 
@@ -246,6 +259,15 @@ BAD_VALUES = {
         ["/serve/args"],
     ),
     "deployment-typo": ({"serve": {"deployment": {"max_ongoing_reqs": 3}}}, ["'max_ongoing_reqs'"]),
+    "api-key-twice": (
+        {"apiKey": {"existingSecret": "s"}, "serve": {"args": {"api_key": "sk-x"}}},
+        ["apiKey.existingSecret: unset serve.args.api_key"],
+    ),
+    "api-key-empty-secret-key": ({"apiKey": {"secretKey": ""}}, ["/apiKey/secretKey"]),
+    "images-unknown-key": (
+        {"serve": {"args": {"images": {"allow_private": True}}}},
+        ["'allow_private' not allowed"],
+    ),
 }
 
 

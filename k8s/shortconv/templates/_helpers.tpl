@@ -48,6 +48,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if gt $min $max -}}
 {{- fail (printf "workers: minReplicas (%d) must not exceed maxReplicas (%d)" $min $max) -}}
 {{- end -}}
+{{- if and .Values.apiKey.existingSecret .Values.serve.args.api_key -}}
+{{- fail "apiKey.existingSecret: unset serve.args.api_key (the arg would win over the Secret)" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* GPUs per worker pod: one per TP rank on CUDA, none on CPU. */}}
@@ -119,6 +122,14 @@ would look like a hung replica.
   value: {{ .Values.session.headerKey | quote }}
 - name: HF_HUB_OFFLINE
   value: "1"
+{{- with .Values.apiKey.existingSecret }}
+{{- /* The ingress runs in these pods' Ray workers, which inherit the container's env. */}}
+- name: SHORTCONV_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ $.Values.apiKey.secretKey | quote }}
+{{- end }}
 {{- with .Values.env }}
 {{ toYaml . }}
 {{- end }}

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
+from deployments.engine_types import EngineLike
 from deployments.image_limits import ImageLimits
 from deployments.mm_prompt import MultimodalPrompt, PromptBuilder, PromptError
 from deployments.openai_content import ImageRef
@@ -34,10 +35,10 @@ class ChatImages:
         self._loader: ImageLoader | None = None
 
     @staticmethod
-    def for_engine(engine: Any, limits: ImageLimits) -> ChatImages:
+    def for_engine(engine: EngineLike, limits: ImageLimits) -> ChatImages:
         """The engine's own processor for a vision model; a processor that cannot be built
         (LFM2-VL's needs torchvision) leaves text chat working and refuses images, saying why."""
-        spec = getattr(engine, "image_spec", None)
+        spec = engine.image_spec
         if spec is None:
             return ChatImages(limits, None)
         try:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from shortconv.engine.images import AnyImage
-    from shortconv.engine.stats import EngineStats, GraphStats
+    from shortconv.engine.images import AnyImage, ImageSpec
+    from shortconv.engine.stats import EngineStats, GraphStats, StartupReport
     from shortconv.metrics.recorder import MetricsRecorder
 
 
@@ -31,6 +32,9 @@ class EngineLike(Protocol):
     max_model_len: int
     tokenizer: Any
     metrics: MetricsRecorder | None  # set by shortconv.metrics.recorder.attach_metrics
+    model_dir: Path
+    image_spec: ImageSpec | None  # None: a text-only model
+    weight_bytes: dict[str, int]  # rank 0's, by storage dtype, read at start-up
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
     def add_request(
@@ -62,6 +66,9 @@ class EngineLike(Protocol):
     @property
     def sessions(self) -> SessionsLike:
         """Kept session state (the engine's session pins)."""
+
+    def startup_reports(self) -> list[StartupReport]:
+        """Each TP rank process's start-up report (none when the model runs in this one)."""
 
     def shutdown(self) -> None: ...
 

@@ -96,6 +96,6 @@ def install_error_handlers(
         return error_response(translate(exc))
 
     for kind in expected:
-        app.add_exception_handler(kind, _any)  # type: ignore[arg-type]
+        app.add_exception_handler(kind, _any)
     # NOTE: a bug: still a 500 the client can read; Starlette re-raises it for the logs.
     app.add_exception_handler(Exception, _any)

@@ -218,10 +218,10 @@ class ChatMessage(BaseModel):
     def multimodal_dict(self, index: int) -> dict[str, Any]:
         """The message for a processor's chat template: content as text and image parts (an
         image part as `{"type": "image"}`: the processor is handed the images themselves)."""
-        listed = isinstance(self.content, list)
-        msg = self.template_dict(index, text=not listed)
-        if listed:
-            parts = [content_part(index, j, p) for j, p in enumerate(self.content)]
+        content = self.content
+        msg = self.template_dict(index, text=not isinstance(content, list))
+        if isinstance(content, list):
+            parts = [content_part(index, j, p) for j, p in enumerate(content)]
             msg["content"] = [{"type": "image"} if "url" in p else p for p in parts]
         return msg
 

@@ -27,8 +27,9 @@ from deployments.engine_types import EngineLike
 from deployments.metrics_sink import attach_ray_metrics
 from deployments.model_source import resolve_model, served_model_name
 from deployments.openai_api import ApiConfig, OpenAIReplica
+from shortconv.engine.stats import StartupReport
 from workers.cpu_threads import follow_reservation
-from workers.startup import PhaseClock, StartupReport
+from workers.startup import PhaseClock
 
 log = logging.getLogger(__name__)
 # NOTE: inside a replica only Serve's logger reaches the replica's log and `serve run`'s output
@@ -56,8 +57,7 @@ def build_engine(args: AppArgs, clock: PhaseClock | None = None) -> EngineLike:
         seed=args.seed,
         engine_config=args.engine_config(),
     )
-    runner = getattr(engine.executor, "runner", None)  # tp_size=1: the model is in this process
-    inner = dict(runner.startup_s) if runner is not None else {}
+    inner = engine.executor.startup_phases()  # tp_size=1: the model is in this process
     clock.add(inner)
     clock.phases.append(("engine", time.perf_counter() - t0 - sum(inner.values())))
     return engine
@@ -66,8 +66,7 @@ def build_engine(args: AppArgs, clock: PhaseClock | None = None) -> EngineLike:
 def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> dict[str, Any]:
     """The replica's start-up report for its stats (and the log): phases, memory, threads, and
     each TP rank's own report."""
-    executor = getattr(engine, "executor", None)
-    ranks = executor.startup_reports() if hasattr(executor, "startup_reports") else []
+    ranks = engine.startup_reports()
     serve_log.info("%s; torch threads %d", report.line(), threads)
     for rank in ranks:
         serve_log.info("%s", rank.line())
@@ -75,7 +74,7 @@ def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> 
         **dataclasses.asdict(report),
         "torch_threads": threads,
         "gil_switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 3),
-        "weight_bytes": dict(getattr(engine, "weight_bytes", {})),  # rank 0's, read at start
+        "weight_bytes": dict(engine.weight_bytes),  # rank 0's, read at start
         "ranks": [dataclasses.asdict(r) for r in ranks],
     }
 

@@ -36,6 +36,9 @@ class LocalExecutor(BaseExecutor):
     def weight_bytes(self) -> dict[str, int]:
         return dict(self.runner.weight_bytes) if self.runner is not None else {}
 
+    def startup_phases(self) -> dict[str, float]:
+        return dict(self.runner.startup_s) if self.runner is not None else {}
+
     def graph_stats(self) -> GraphStats | None:
         graphs = self.runner.graphs if self.runner is not None else None
         return graphs.stats() if graphs is not None else None

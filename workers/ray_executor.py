@@ -16,13 +16,13 @@ from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.support import check_support
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.engine.stats import StartupReport
 from shortconv.errors import ConfigError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.models.registry import model_class
 from workers.cpu_threads import reserved_cpus
 from workers.ray_runtime import acquire_runtime, release_runtime
-from workers.startup import StartupReport
 from workers.step_dispatch import (
     ActorCallDispatch,
     BaseDispatch,

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from shortconv.engine.stats import StartupReport
+
 
 def rss_bytes() -> int:
     """This process's resident set now (Linux /proc), else its peak (getrusage)."""
@@ -34,28 +36,6 @@ def process_age_s() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-
-
-@dataclass(frozen=True)
-class StartupReport:
-    """One process's start: `before_s` (alive before its first phase: Ray's worker start and
-    imports), each phase in order with its seconds, and the resident memory at the end."""
-
-    who: str
-    before_s: float
-    phases: tuple[tuple[str, float], ...]
-    rss_bytes: int
-
-    @property
-    def total_s(self) -> float:
-        return self.before_s + sum(s for _, s in self.phases)
-
-    def line(self) -> str:
-        parts = " ".join(f"{name} {s:.2f}s" for name, s in self.phases)
-        return (
-            f"{self.who} start: process {self.before_s:.2f}s, {parts}; "
-            f"total {self.total_s:.2f}s; RSS {self.rss_bytes / 2**20:.0f} MiB"
-        )
 
 
 @dataclass

@@ -11,12 +11,13 @@ import torch
 import torch.distributed as dist
 
 from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.engine.stats import StartupReport
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import WorkerSpec
 from workers.cpu_threads import follow_reservation
 from workers.dist_init import destroy_distributed, free_port, init_distributed, local_device
-from workers.startup import PhaseClock, StartupReport
+from workers.startup import PhaseClock
 
 # Per-step compute times kept for benchmarks; bounded so a long-running server never grows it.
 _MAX_TIMINGS = 4096

@@ -111,7 +111,8 @@ class PrefixCache:
         (only those `usable` accepts, when given). Counts nothing: the cache manager counts a
         lookup once its request is admitted."""
         ps, n = self.page_size, len(tokens)
-        node, pos, path = self.root, 0, []
+        node, pos = self.root, 0
+        path: list[int] = []
         best: tuple[CacheEntry, tuple[int, ...]] | None = None
         ok = functools.partial(self._resumable, usable=usable)
         while True:

@@ -73,9 +73,10 @@ class StatePool:
         # Per group: (K, V), or None for a group without layers.
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         self._kv_pos: dict[int, tuple[int, int]] = {}  # layer -> (group, index in the group)
-        for g, spec in enumerate(self.kv_specs):
-            self.kv_caches.append(_kv_tensors(spec, dtype, device) if spec.layer_ids else None)
-            self._kv_pos.update({lid: (g, i) for i, lid in enumerate(spec.layer_ids)})
+        for g, kv_spec in enumerate(self.kv_specs):
+            layers = kv_spec.layer_ids
+            self.kv_caches.append(_kv_tensors(kv_spec, dtype, device) if layers else None)
+            self._kv_pos.update({lid: (g, i) for i, lid in enumerate(layers)})
 
     @property
     def kv_spec(self) -> KVSpec | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from shortconv.engine.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
-    from shortconv.engine.stats import GraphStats
+    from shortconv.engine.stats import GraphStats, StartupReport
 
 
 class ExecutorError(RuntimeError):
@@ -36,6 +36,15 @@ class BaseExecutor(ABC):
         """Rank 0's weight bytes by storage dtype (`layers.quantize.weight_bytes`), read once
         at start-up; empty where the executor cannot say."""
         return {}
+
+    def startup_phases(self) -> dict[str, float]:
+        """The in-process model's start-up phases (seconds each, in order); empty where the
+        model runs in other processes, whose `startup_reports` say."""
+        return {}
+
+    def startup_reports(self) -> list[StartupReport]:
+        """Each TP rank process's start-up report (rank order); empty with no such process."""
+        return []
 
     def graph_stats(self) -> GraphStats | None:
         """The graph runner's counters where it runs in this process; None otherwise."""

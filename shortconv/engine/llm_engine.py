@@ -19,7 +19,7 @@ from shortconv.engine.occupancy import engine_stats
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
-from shortconv.engine.stats import EngineStats, GraphStats
+from shortconv.engine.stats import EngineStats, GraphStats, StartupReport
 from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.metrics.recorder import MetricsRecorder
@@ -318,6 +318,10 @@ class LLMEngine:
     def graph_stats(self) -> GraphStats | None:
         """Cumulative graph-replay counters, or None (graphs off, or held by remote ranks)."""
         return self.executor.graph_stats()
+
+    def startup_reports(self) -> list[StartupReport]:
+        """The TP rank processes' start-up reports (none when the model runs in this one)."""
+        return self.executor.startup_reports()
 
     def refresh_metrics(self) -> None:
         """Push the current stats to the attached metrics (an idle engine runs no step)."""

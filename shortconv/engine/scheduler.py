@@ -199,7 +199,8 @@ class Scheduler:
 
     def _chunk(self, req: Request, n: int, copies: StepCopies) -> SeqChunk:
         start = req.num_computed
-        sampling, fork_rows = None, ()
+        sampling = None
+        fork_rows: tuple[tuple[str, SamplingRow], ...] = ()
         # The chunk ends the prompt (or is a decode step); a parent's forks sample, not it.
         if start + n == req.num_tokens:
             if req.forks:

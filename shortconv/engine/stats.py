@@ -60,3 +60,25 @@ class GraphStats:
     replays: int
     replay_failures: dict[str, int]  # by phase: prepare | replay
     eager_fallbacks: dict[str, int]  # by reason: no_bucket | replay_error
+
+
+@dataclass(frozen=True)
+class StartupReport:
+    """One process's start: `before_s` (alive before its first phase: Ray's worker start and
+    imports), each phase in order with its seconds, and the resident memory at the end."""
+
+    who: str
+    before_s: float
+    phases: tuple[tuple[str, float], ...]
+    rss_bytes: int
+
+    @property
+    def total_s(self) -> float:
+        return self.before_s + sum(s for _, s in self.phases)
+
+    def line(self) -> str:
+        parts = " ".join(f"{name} {s:.2f}s" for name, s in self.phases)
+        return (
+            f"{self.who} start: process {self.before_s:.2f}s, {parts}; "
+            f"total {self.total_s:.2f}s; RSS {self.rss_bytes / 2**20:.0f} MiB"
+        )

@@ -42,7 +42,9 @@ def shape_config(table: dict[tuple[bool, bool], LaunchConfig], q: torch.Tensor) 
 
 
 @functools.cache
-def _jitted(interpret: bool, tune: bool) -> tuple[object, object, object]:
+def _jitted(
+    interpret: bool, tune: bool
+) -> tuple[launch_config.GridKernel, launch_config.GridKernel, launch_config.GridKernel]:
     # The arguments are only the cache key; triton.jit and launch_config read the same knobs.
     del interpret, tune
     return (

@@ -168,7 +168,7 @@ def shape_config(decode: bool, low_precision: bool) -> LaunchConfig:
 
 
 @functools.cache
-def _jitted(interpret: bool, tune: bool) -> object:
+def _jitted(interpret: bool, tune: bool) -> launch_config.GridKernel:
     # The arguments are only the cache key; triton.jit and launch_config read the same knobs.
     del interpret, tune
     return launch_config.jit(_cca_kernel, ("group", "DECODE", "BLOCK_N"), ("state_ptr",))

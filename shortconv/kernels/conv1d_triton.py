@@ -19,7 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from shortconv.kernels.launch_config import CONV_PREFILL, CONV_SMALL, MAX_CONV_WIDTH
+from shortconv.kernels.launch_config import (
+    CONV_PREFILL,
+    CONV_SMALL,
+    MAX_CONV_WIDTH,
+    GridKernel,
+)
 from shortconv.kernels.outputs import decode_out, out_like
 
 
@@ -194,13 +199,13 @@ def _update_kernel(
 
 
 @functools.cache
-def _jitted(interpret: bool) -> tuple[object, object, object]:
+def _jitted(interpret: bool) -> tuple[GridKernel, GridKernel, GridKernel]:
     # `interpret` is only the cache key; triton.jit reads the same knob itself.
     del interpret
     return tuple(triton.jit(f) for f in (_fn_out_kernel, _fn_state_kernel, _update_kernel))
 
 
-def _kernels() -> tuple[object, object, object]:
+def _kernels() -> tuple[GridKernel, GridKernel, GridKernel]:
     return _jitted(bool(triton.knobs.runtime.interpret))
 
 

@@ -14,8 +14,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 AUTOTUNE_ENV = "SHORTCONV_AUTOTUNE"
+
+
+class GridKernel(Protocol):
+    """A jitted (or autotuned) Triton kernel as the wrappers use it: `kernel[grid](*args)`.
+    Triton ships no type hints, so this is the one shape of it the type checker sees."""
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]: ...
+
 
 # The widest short conv the Triton kernels take (LFM2: 3, LFM3: 7). Every conv kernel is generic
 # in WIDTH (taps unrolled with static_range, state columns in a power-of-2 block), so the bound
@@ -121,7 +130,7 @@ def tuning() -> bool:
     return autotune_enabled() and not triton.knobs.runtime.interpret
 
 
-def jit(fn: Callable[..., None], key: Sequence[str], restore: Sequence[str] = ()) -> object:
+def jit(fn: Callable[..., None], key: Sequence[str], restore: Sequence[str] = ()) -> GridKernel:
     """triton.jit(fn), inside triton.autotune over AUTOTUNE[fn's name] when `tuning()`.
     `restore`: pointer arguments the kernel updates in place (timing runs it many times)."""
     import triton

@@ -158,14 +158,16 @@ def _down_kernel(
 
 
 @functools.cache
-def _jitted(interpret: bool, tune: bool) -> tuple[object, object]:
+def _jitted(
+    interpret: bool, tune: bool
+) -> tuple[launch_config.GridKernel, launch_config.GridKernel]:
     # The arguments are only the cache key; triton.jit and launch_config read the same knobs.
     del interpret, tune
     key = ("HIDDEN", "INTER", "BLOCK_M")
     return launch_config.jit(_gate_up_kernel, key), launch_config.jit(_down_kernel, key)
 
 
-def _kernels() -> tuple[object, object]:
+def _kernels() -> tuple[launch_config.GridKernel, launch_config.GridKernel]:
     return _jitted(bool(triton.knobs.runtime.interpret), launch_config.tuning())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -27,13 +28,16 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(saved)
 
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
 def build_model(
-    cls: type[nn.Module],
+    cls: type[ModuleT],
     cfg: ModelConfig,
     tp: ParallelContext,
     device: torch.device | str,
     dtype: torch.dtype,
-) -> nn.Module:
+) -> ModuleT:
     """`cls(cfg, tp)` allocated in `dtype` on `device`, inference-only (no autograd).
 
     NOTE: the final `.to(dtype)` still converts the few tensors created explicitly in fp32

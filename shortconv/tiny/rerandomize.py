@@ -55,7 +55,7 @@ def rerandomize_(model: torch.nn.Module, seed: int, scale: float = 0.5) -> None:
     gen = torch.Generator().manual_seed(seed)
     tensors: list[tuple[str, torch.Tensor]] = list(model.named_parameters())  # tied: once
     for mod_name, module in model.named_modules():
-        skip = getattr(module, "_non_persistent_buffers_set", set())
+        skip: set[str] = getattr(module, "_non_persistent_buffers_set", set())
         for buf_name, buf in module.named_buffers(recurse=False):
             if buf_name not in skip and buf is not None and buf.is_floating_point():
                 tensors.append((f"{mod_name}.{buf_name}" if mod_name else buf_name, buf))

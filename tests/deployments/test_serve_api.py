@@ -8,6 +8,7 @@ import gc
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +21,7 @@ from deployments.ingress import IngressConfig, build_ingress_app
 from deployments.openai_api import ApiConfig, OpenAIReplica
 from shortconv.cache.sessions import SessionPins
 from shortconv.engine.outputs import RequestOutput
-from shortconv.engine.stats import EngineStats
+from shortconv.engine.stats import EngineStats, StartupReport
 from shortconv.sampling.sampling_params import SamplingParams
 
 MODEL = "fake-model"
@@ -48,6 +49,9 @@ class FakeEngine:
     """Generates 'a', 'b', 'c', ... one token per step; optional failure after k steps."""
 
     max_model_len = 64
+    model_dir = Path("fake-model-dir")  # never read: a text-only engine loads no processor
+    image_spec = None
+    weight_bytes: dict[str, int] = {}
 
     def __init__(self, fail_after: int | None = None) -> None:
         self.tokenizer = FakeTokenizer()
@@ -118,6 +122,9 @@ class FakeEngine:
 
     def check_health(self) -> None:
         pass
+
+    def startup_reports(self) -> list[StartupReport]:
+        return []
 
     def shutdown(self) -> None:
         pass

@@ -55,7 +55,9 @@ class GrammarRuntime:
 
         masks = xgr.allocate_token_bitmask(len(wanted), self.vocab_size)
         for i, (rid, row) in enumerate(wanted):
-            self._matcher(rid, row.params.grammar).fill_next_token_bitmask(masks, i)
+            grammar = row.params.grammar
+            assert grammar is not None  # NOTE: `wanted` holds constrained rows only
+            self._matcher(rid, grammar).fill_next_token_bitmask(masks, i)
         alive = masks.any(dim=1).tolist()
         words = masks.numpy()
         dead: dict[str, str] = {}

@@ -1,10 +1,13 @@
-"""Images through `serve run deployments/lfm3_vl.yaml` and the openai client: `image_url` parts as
-data URLs and as URLs of a loopback HTTP server in this test, streamed and not, greedy tokens
-equal to the offline engine fed the same processor outputs, a session whose second turn resumes
-after the image, a json_schema answer about an image, and every bad input a 400 naming the part
-followed by a good request, the replica holding nothing afterwards.
+"""Images through `serve run deployments/lfm2_vl.yaml` and `deployments/lfm3_vl.yaml` and the
+openai client, every check for both models: chat `image_url` parts as data URLs and as URLs of a
+loopback HTTP server in this test, streamed and not, greedy tokens equal to the offline engine
+fed the same processor outputs, a session whose second turn resumes after the image, a
+json_schema answer about an image, Responses `input_image` parts (a `previous_response_id` turn
+resuming after the image), and every bad input a 400 naming the part followed by a good
+request, the replica holding nothing afterwards.
 
-One `serve run` for the module (the tiny LFM3-VL, built on first start into an empty cache).
+One `serve run` per model for the module (its tiny checkpoint, built on first start into an
+empty cache); pytest runs one model's tests, then the other's.
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ from shortconv.sampling.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300.0
-LIMITS = {"max_images": 3, "max_bytes": 48 << 10, "max_pixels": 200 * 200, "fetch_timeout_s": 2}
+MODELS = ("lfm2_vl", "lfm3_vl")  # deployments/<name>.yaml
+# The app's `images` args, for both models: the one place to add a key (e.g. an opt-in to fetch
+# from the loopback image server below, should fetching ever refuse private networks).
+IMAGE_ARGS = {
+    "max_images": 3,
+    "max_bytes": 48 << 10,
+    "max_pixels": 200 * 200,
+    "fetch_timeout_s": 2,
+}
 RED = image_bytes((40, 24), "png", seed=1)
 BLUE = image_bytes((16, 56), "jpeg", seed=2)
 WIDE = image_bytes((64, 32), "webp", seed=3)
@@ -47,12 +58,14 @@ class Served:
     images: str  # the loopback image server's base URL
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+@pytest.fixture(scope="module", params=MODELS)
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
     cache = tmp_path_factory.mktemp("xdg-cache")
-    config = yaml.safe_load((ROOT / "deployments" / "lfm3_vl.yaml").read_text())
+    config = yaml.safe_load((ROOT / "deployments" / f"{request.param}.yaml").read_text())
     args = config["applications"][0]["args"]
-    args.update(images=LIMITS, replica_num_cpus=1)
+    args.update(images=IMAGE_ARGS, replica_num_cpus=1)
     env = {"XDG_CACHE_HOME": str(cache)}
     bodies = {"red.png": RED, "blue.jpeg": BLUE, "wide.webp": WIDE}
     with image_server(bodies) as images, serve_run(config, START_TIMEOUT_S, env=env) as (base, _):
@@ -173,6 +186,36 @@ async def _idle(client: httpx.AsyncClient) -> tuple[int, int, int]:
             return held, s["kv_pages_used"] - s["prefix_cache_pages"], s["sessions_held"]
         await asyncio.sleep(0.1)
     raise AssertionError(f"the replica did not go idle: {s}")
+
+
+def _input_image(url: str) -> dict[str, Any]:
+    return {"type": "input_image", "image_url": url, "detail": "auto"}
+
+
+def test_responses_input_image_and_a_later_turn(served: Served) -> None:
+    """`input_image` parts answer as chat's `image_url` parts do (greedy: the same text); a turn
+    naming the stored response resumes after its image (cached) and answers as the whole
+    conversation sent again in full."""
+    kw: dict[str, Any] = {"model": served.model, "temperature": 0.0, "max_output_tokens": 8}
+    red, blue = data_url(RED), f"{served.images}/img/blue.jpeg"
+    content = [{"type": "input_text", "text": "Compare"}, _input_image(red), _input_image(blue)]
+    first = served.client.responses.create(
+        input=[{"role": "user", "content": content}],
+        **kw,  # type: ignore[list-item]
+    )
+    chat = ask(served, [user("Compare", image_part(red), image_part(blue))], max_tokens=8)
+    assert first.output_text == chat.choices[0].message.content
+    assert first.usage and first.usage.input_tokens == chat.usage.prompt_tokens
+    then = served.client.responses.create(input="Say more.", previous_response_id=first.id, **kw)
+    assert then.usage and then.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    history = [
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Say more."},
+    ]
+    full = served.client.responses.create(input=history, store=False, **kw)  # type: ignore[arg-type]
+    assert then.output_text == full.output_text
+    assert full.usage and then.usage.input_tokens == full.usage.input_tokens
 
 
 def test_bad_inputs_are_400s_naming_the_part(served: Served) -> None:

@@ -2,9 +2,10 @@
 openai client, every check for both models: chat `image_url` parts as data URLs and as URLs of a
 loopback HTTP server in this test, streamed and not, greedy tokens equal to the offline engine
 fed the same processor outputs, a session whose second turn resumes after the image, a
-json_schema answer about an image, Responses `input_image` parts (a `previous_response_id` turn
-resuming after the image), and every bad input a 400 naming the part followed by a good
-request, the replica holding nothing afterwards.
+prefix-cache hit on the same image (and a miss on another), a json_schema answer about an
+image, Responses `input_image` parts (a `previous_response_id` turn resuming after the image),
+and every bad input a 400 naming the part followed by a good request, the replica holding
+nothing afterwards.
 
 One `serve run` per model for the module (its tiny checkpoint, built on first start into an
 empty cache); pytest runs one model's tests, then the other's.
@@ -65,7 +66,9 @@ def served(
     cache = tmp_path_factory.mktemp("xdg-cache")
     config = yaml.safe_load((ROOT / "deployments" / f"{request.param}.yaml").read_text())
     args = config["applications"][0]["args"]
-    args.update(images=IMAGE_ARGS, replica_num_cpus=1)
+    # NOTE: prefix caching on (off in the YAMLs) so that a request without a session can hit an
+    # earlier one's image (test_the_same_image_hits_the_prefix_cache).
+    args.update(images=IMAGE_ARGS, replica_num_cpus=1, enable_prefix_caching=True)
     env = {"XDG_CACHE_HOME": str(cache)}
     bodies = {"red.png": RED, "blue.jpeg": BLUE, "wide.webp": WIDE}
     with image_server(bodies) as images, serve_run(config, START_TIMEOUT_S, env=env) as (base, _):
@@ -137,6 +140,21 @@ def test_session_next_turn_resumes_after_the_image(served: Served) -> None:
     second = ask(served, turn, extra_headers=session)
     cached = second.usage.prompt_tokens_details.cached_tokens or 0
     assert cached >= first.usage.prompt_tokens, (cached, first.usage)  # the image included
+
+
+def test_the_same_image_hits_the_prefix_cache(served: Served) -> None:
+    """No session: a later conversation that starts with an earlier one (its image, its text and
+    its answer) resumes from the earlier one's kept state; the same text behind another image
+    misses from that image on."""
+    first = [user("Prefix check: what is it?", image_part(data_url(WIDE, "webp")))]
+    a = ask(served, first)
+    more = [{"role": "assistant", "content": a.choices[0].message.content or ""}, user("Why?")]
+    hit = ask(served, first + more)
+    other = [user("Prefix check: what is it?", image_part(data_url(BLUE, "jpeg")))]
+    miss = ask(served, other + more)
+    cached = lambda r: r.usage.prompt_tokens_details.cached_tokens or 0  # noqa: E731
+    assert cached(hit) >= a.usage.prompt_tokens, (cached(hit), a.usage)
+    assert cached(miss) < a.usage.prompt_tokens, (cached(miss), a.usage)
 
 
 def test_json_schema_about_an_image(served: Served) -> None:

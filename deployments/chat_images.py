@@ -37,7 +37,8 @@ class ChatImages:
     @staticmethod
     def for_engine(engine: EngineLike, limits: ImageLimits) -> ChatImages:
         """The engine's own processor for a vision model; a processor that cannot be built
-        (LFM2-VL's needs torchvision) leaves text chat working and refuses images, saying why."""
+        (LFM2-VL's where torchvision does not import) leaves text chat working and refuses
+        images with a 400 saying why."""
         spec = engine.image_spec
         if spec is None:
             return ChatImages(limits, None)

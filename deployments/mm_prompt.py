@@ -2,7 +2,7 @@
 (token ids with each image's placeholders expanded, and one engine image per image).
 
 All of it is the checkpoint's own transformers processor (`AutoProcessor` from the model
-directory, or its image-only form where torchvision is missing; configs/hf/processors.py): its
+directory, or LFM3-VL's image-only form where torchvision is missing; configs/hf/processors.py): its
 chat template renders the messages, and its image processor resizes, tiles and normalises each
 image and expands its placeholders, so the token counts match the model. CPU work: the replica
 runs `build` in a worker thread, never on its event loop nor on the engine's step thread.

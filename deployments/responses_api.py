@@ -30,8 +30,9 @@ from deployments.responses_convert import (
     renamed,
     usage_of,
 )
+from deployments.responses_images import restore, stash
 from deployments.responses_protocol import ResponsesRequest
-from deployments.responses_store import Store
+from deployments.responses_store import Images, Store
 from deployments.responses_stream import Event, ResponseEvents
 
 Connect = Callable[[str | None], Replica]
@@ -39,7 +40,8 @@ Connect = Callable[[str | None], Replica]
 
 @dataclass(frozen=True)
 class _Turn:
-    """One request, planned: its id, the conversation through its input, and its session."""
+    """One request, planned: its id, the conversation through its input (earlier turns' images
+    as references into `images`), and its session."""
 
     request: ResponsesRequest
     response_id: str
@@ -47,6 +49,7 @@ class _Turn:
     messages: list[dict[str, Any]]
     session_id: str | None
     chat: ChatCompletionRequest
+    images: Images
 
     def response(
         self, model: str, items: list[dict[str, Any]], usage: dict[str, Any], status: str
@@ -100,15 +103,18 @@ class ResponsesService:
     async def plan(self, req: ResponsesRequest) -> _Turn:
         history: list[dict[str, Any]] = []
         session: str | None = None
+        images: Images = {}
         if req.previous_response_id is not None:
             prev = await self.store.get(req.previous_response_id, param="previous_response_id")
-            history, session = list(prev.messages), prev.session_id
+            history, session, images = list(prev.messages), prev.session_id, prev.images
         rid = new_id("resp")
         if session is None and req.store:
             session = rid  # NOTE: a new conversation's session is its first response's id
-        messages = history + input_messages(req)
-        chat = chat_request(req, messages)
-        return _Turn(req, rid, int(time.time()), messages, session, chat)
+        new = input_messages(req)
+        # NOTE: only the stored history's references resolve: a client's own `sha256:` URL
+        # is a URL like any other (and refused by the replica's scheme check).
+        chat = chat_request(req, restore(history, images) + new)
+        return _Turn(req, rid, int(time.time()), history + new, session, chat, images)
 
     def _replica(self, turn: _Turn) -> tuple[Replica, RequestContext]:
         ctx = RequestContext(turn.session_id, chat_prefix(turn.chat))
@@ -163,8 +169,8 @@ class ResponsesService:
 
     async def _keep(self, turn: _Turn, body: dict[str, Any]) -> None:
         if turn.request.store and turn.session_id is not None:
-            messages = [*turn.messages, assistant_turn(body["output"])]
-            await self.store.put(body, messages, turn.session_id)
+            messages, added = stash([*turn.messages, assistant_turn(body["output"])])
+            await self.store.put(body, messages, turn.session_id, {**turn.images, **added})
 
     async def get(self, response_id: str) -> dict[str, Any]:
         return (await self.store.get(response_id)).body

@@ -50,7 +50,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
 def _add_item(out: list[dict[str, Any]], item: dict[str, Any], i: int) -> None:
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
-        out.append({"role": _role(item, i), "content": _text(item.get("content"), i)})
+        out.append({"role": _role(item, i), "content": _content(item.get("content"), i)})
     elif kind == "function_call":
         call = {"id": _str(item, "call_id", i), "type": "function"}
         call["function"] = {"name": _str(item, "name", i), "arguments": _str(item, "arguments", i)}
@@ -86,19 +86,43 @@ def _str(item: dict[str, Any], key: str, i: int) -> str:
 
 def _text(content: Any, i: int, key: str = "content") -> str:
     """A string, or text parts joined; anything else (images, files) is refused."""
+    parts = _content(content, i, key, images=False)
+    return parts if isinstance(parts, str) else "".join(p["text"] for p in parts)
+
+
+def _content(
+    content: Any, i: int, key: str = "content", images: bool = True
+) -> str | list[dict[str, Any]]:
+    """A message's content as chat takes it: a string, or its parts as chat parts (text, and
+    `input_image` as `image_url`); a list of text parts only stays one string."""
     if isinstance(content, str):
         return content
     where = f"input.{i}.{key}"
     if not isinstance(content, list):
-        raise APIError(f"{where}: a string or a list of text parts is required", param=where)
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            msg = f"{where}.{j}: content part of type {kind!r} is not supported (text only)"
-            raise APIError(msg, param=f"{where}.{j}.type")
-        parts.append(part["text"])
-    return "".join(parts)
+        raise APIError(f"{where}: a string or a list of content parts is required", param=where)
+    parts = [_part(part, f"{where}.{j}", images) for j, part in enumerate(content)]
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _part(part: Any, where: str, images: bool) -> dict[str, Any]:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if kind == "input_image" and images:
+        url = part.get("image_url")
+        if not isinstance(url, str) or not url:
+            msg = f"{where}.image_url: a data: or http(s) URL string is required (no file_id)"
+            raise APIError(msg, param=f"{where}.image_url")
+        detail = part.get("detail")  # NOTE: accepted and ignored, as chat's (docs/vision.md)
+        return {
+            "type": "image_url",
+            "image_url": {"url": url, **({"detail": detail} if detail else {})},
+        }
+    allowed = "text, input_image" if images else "text only"
+    msg = f"{where}: content part of type {kind!r} is not supported ({allowed})"
+    raise APIError(msg, param=f"{where}.type")
 
 
 def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:

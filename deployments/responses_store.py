@@ -6,20 +6,27 @@ a one-replica deployment); a test's in-process app keeps them in its own process
 A conversation is one session: its first response's id is the session id every later turn is
 routed and served under (deployments/responses_api.py), so the next turn lands on the replica
 holding its state. The store keeps the conversation as chat messages too, so a turn whose
-owner is gone is re-prefilled from it elsewhere. Entries live `ttl_s` after they were stored
-and at most `max_entries` at once (the oldest go first); an expired id is remembered (as
-many as `max_entries`) so its 404 can say it expired rather than that it never existed.
+owner is gone is re-prefilled from it elsewhere; its images are kept once each by digest, as
+bytes, and its messages name them (deployments/responses_images.py), never a data URL.
+Entries live `ttl_s` after they were stored and at most `max_entries` at once (the oldest go
+first); an expired id is remembered (as many as `max_entries`) so its 404 can say it expired
+rather than that it never existed.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deployments.openai_errors import APIError
+from deployments.responses_images import StoredImage
+
+Body = dict[str, Any]  # a response object
+Messages = list[dict[str, Any]]  # a conversation, as chat messages
+Images = Mapping[str, StoredImage]
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,7 @@ class StoredResponse:
     messages: tuple[dict[str, Any], ...]  # the conversation through this response, as chat
     session_id: str  # the conversation's session (its first response's id)
     stored_at: float
+    images: Images = field(default_factory=dict)  # digest -> image, for the messages' references
 
 
 class Store(Protocol):
@@ -36,7 +44,7 @@ class Store(Protocol):
     (deployments/responses_store_server.py)."""
 
     async def put(
-        self, body: dict[str, Any], messages: list[dict[str, Any]], session_id: str
+        self, body: Body, messages: Messages, session_id: str, images: Images | None = None
     ) -> None: ...
     async def get(self, response_id: str, param: str | None = None) -> StoredResponse: ...
     async def delete(self, response_id: str) -> None: ...
@@ -49,9 +57,9 @@ class LocalStore:
         self.store = store
 
     async def put(
-        self, body: dict[str, Any], messages: list[dict[str, Any]], session_id: str
+        self, body: Body, messages: Messages, session_id: str, images: Images | None = None
     ) -> None:
-        self.store.put(body, messages, session_id)
+        self.store.put(body, messages, session_id, images)
 
     async def get(self, response_id: str, param: str | None = None) -> StoredResponse:
         return self.store.get(response_id, param)
@@ -71,9 +79,11 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, body: dict[str, Any], messages: list[dict[str, Any]], session_id: str) -> None:
+    def put(
+        self, body: Body, messages: Messages, session_id: str, images: Images | None = None
+    ) -> None:
         self._purge()
-        entry = StoredResponse(body, tuple(messages), session_id, self.clock())
+        entry = StoredResponse(body, tuple(messages), session_id, self.clock(), dict(images or {}))
         self._entries[body["id"]] = entry
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)  # NOTE: evicted by the bound: "not found"

@@ -9,12 +9,17 @@ id gets the same 404 as an unknown one, and the conversation starts again.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.responses_store import LocalStore, ResponseStore, StoredResponse
+from deployments.responses_store import (
+    Body,
+    Images,
+    LocalStore,
+    Messages,
+    ResponseStore,
+    StoredResponse,
+)
 
 
 @serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0})
@@ -32,9 +37,9 @@ class HandleStore:
         self.handle = handle
 
     async def put(
-        self, body: dict[str, Any], messages: list[dict[str, Any]], session_id: str
+        self, body: Body, messages: Messages, session_id: str, images: Images | None = None
     ) -> None:
-        await self.handle.put.remote(body, messages, session_id)
+        await self.handle.put.remote(body, messages, session_id, images)
 
     async def get(self, response_id: str, param: str | None = None) -> StoredResponse:
         return await self.handle.get.remote(response_id, param)

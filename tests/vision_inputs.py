@@ -1,9 +1,10 @@
 """Processor-shaped LFM2-VL inputs for the tiny checkpoint, and transformers' greedy run.
 
-transformers' Lfm2VlImageProcessor needs torchvision, which this CPU environment cannot import
-(PyPI's torchvision is built against another torch). So the tests build what the processor
-returns, in its layout: normalised patch rows `[tiles, max_patches, 3 * p * p]` padded with
-zeros, `pixel_attention_mask`, `spatial_shapes`, and the prompt expanded as
+Most LFM2-VL cases need an exact tile layout (a chunk boundary inside a tile, a preemption at a
+given page count), which an image size only reaches through the processor's resizing rules; so
+they build what transformers' Lfm2VlImageProcessor returns, in its layout, with chosen grids:
+normalised patch rows `[tiles, max_patches, 3 * p * p]` padded with zeros,
+`pixel_attention_mask`, `spatial_shapes`, and the prompt expanded as
 `Lfm2VlProcessor._build_image_tokens` expands it (image start/end, one row/col marker per
 tile, a thumbnail after the tiles). The model under test gets them exactly as the oracle does.
 """

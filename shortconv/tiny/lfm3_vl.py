@@ -85,7 +85,7 @@ def build_tokenizer(max_len: int) -> Any:
 def save_processor(out: Path, max_len: int) -> None:
     """The tokenizer (with the chat template), transformers' Qwen2-VL image processor config,
     and the processor class (written as files: `Lfm3VlProcessor.save_pretrained` needs a video
-    processor, which needs torchvision)."""
+    processor, which needs torchvision, and the checkpoint should build where it is absent)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )

@@ -95,7 +95,8 @@ def save_processor(out: Path, max_len: int) -> None:
     and transformers' own Lfm2VlImageProcessor, named with its settings.
 
     NOTE: written as config files rather than through `Lfm2VlProcessor.save_pretrained`,
-    which needs torchvision (the image processor's backend) just to be built."""
+    which builds the torchvision-backed image processor: the tiny checkpoint (and so a
+    `model: null` replica serving text) still builds where torchvision does not import."""
     build_tokenizer(max_len).save_pretrained(str(out))
     image = {"image_processor_type": "Lfm2VlImageProcessor", "processor_class": "Lfm2VlProcessor"}
     (out / "preprocessor_config.json").write_text(json.dumps(image | IMAGE_PROCESSOR, indent=2))

@@ -1,11 +1,10 @@
 """The multimodal prompt builder: chat messages and PIL images through the checkpoint's own
-processor give the prompt and the engine images the engine accepts. LFM3-VL's processor runs
-here (its PIL backend); LFM2-VL's needs torchvision, so its test skips where that fails."""
+processor give the prompt and the engine images the engine accepts, for LFM3-VL's processor (its
+PIL backend) and LFM2-VL's (its torchvision backend)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from PIL import Image
@@ -71,25 +70,27 @@ def test_processor_refusal_is_a_prompt_error(tmp_path: Path) -> None:
         builder.build(MESSAGES[:2], thin, add_generation_prompt=True)
 
 
-def _torchvision() -> Any:
-    try:
-        import torchvision
-    except Exception as exc:  # PyPI's wheel may link another torch: any import failure
-        pytest.skip(f"LFM2-VL's image processor needs torchvision, which fails to import: {exc}")
-    return torchvision
-
-
 def test_lfm2_vl_prompt_is_the_processors(tmp_path: Path) -> None:
-    _torchvision()
+    from transformers import Lfm2VlProcessor
+
     from shortconv.tiny.vision import IMAGE_PROCESSOR, save_processor
 
     save_processor(tmp_path, 512)
     (tmp_path / "config.json").write_text('{"model_type": "lfm2_vl"}')
     spec = ImageSpec(IMAGE_TOKEN_ID, IMAGE_PROCESSOR["downsample_factor"], ImageInput)
     builder = PromptBuilder.load(tmp_path, spec)
+    assert isinstance(builder.processor, Lfm2VlProcessor)
     images = [Image.new("RGB", (64, 40)), Image.new("RGB", (12, 12))]
     mm = builder.build(MESSAGES, images, add_generation_prompt=True)
+    # The same processor, called by hand on the rendered text, gives the same ids and tiles.
+    proc = builder.processor
+    text = proc.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    ref = proc(text=text, images=[images], return_tensors="pt", add_special_tokens=False)
+    assert mm.token_ids == ref["input_ids"][0].tolist()
     assert all(isinstance(im, ImageInput) for im in mm.images) and len(mm.images) == 2
+    tiles = [len(im.spatial_shapes) for im in mm.images]
+    assert tiles[0] > 1 and tiles[1] == 1  # the first is tiled (tiles and a thumbnail)
+    assert sum(tiles) == len(ref["pixel_values"])
     place_images(mm.token_ids, mm.images, spec)  # every placeholder has its image's row
 
 

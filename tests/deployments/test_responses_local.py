@@ -187,7 +187,10 @@ def test_previous_response_id_resumes_from_kept_state(client: openai.OpenAI) -> 
     [
         ({"input": [{"type": "image_generation_call"}]}, 400, "input.0.type"),
         ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image"}]}]},
-         400, "input.0.content.0.type"),
+         400, "input.0.content.0.image_url"),
+        ({"input": [{"type": "message", "role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]},
+         400, "input.0.content.0.image_url"),  # a text-only model takes no images
         ({"input": "hi", "previous_response_id": "resp_nope"}, 404, "previous_response_id"),
         ({"input": "hi", "max_output_tokns": 3}, 400, "max_output_tokns"),
         ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, 400, "text.format"),

@@ -1,10 +1,14 @@
-"""Images through `serve run deployments/lfm3_vl.yaml` and the openai client: `image_url` parts as
-data URLs and as URLs of a loopback HTTP server in this test, streamed and not, greedy tokens
-equal to the offline engine fed the same processor outputs, a session whose second turn resumes
-after the image, a json_schema answer about an image, and every bad input a 400 naming the part
-followed by a good request, the replica holding nothing afterwards.
+"""Images through `serve run deployments/lfm2_vl.yaml` and `deployments/lfm3_vl.yaml` and the
+openai client, every check for both models: chat `image_url` parts as data URLs and as URLs of a
+loopback HTTP server in this test, streamed and not, greedy tokens equal to the offline engine
+fed the same processor outputs, a session whose second turn resumes after the image, a
+prefix-cache hit on the same image (and a miss on another), a json_schema answer about an
+image, Responses `input_image` parts (a `previous_response_id` turn resuming after the image),
+and every bad input a 400 naming the part followed by a good request, the replica holding
+nothing afterwards.
 
-One `serve run` for the module (the tiny LFM3-VL, built on first start into an empty cache).
+One `serve run` per model for the module (its tiny checkpoint, built on first start into an
+empty cache); pytest runs one model's tests, then the other's.
 """
 
 from __future__ import annotations
@@ -32,10 +36,18 @@ from shortconv.sampling.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300.0
-LIMITS = {"max_images": 3, "max_bytes": 48 << 10, "max_pixels": 200 * 200, "fetch_timeout_s": 2,
-          # NOTE: the image server is on loopback, refused by default (the SSRF guard); the
-          # host list then refuses `localhost` (the "host-not-allowed" row) through serve run.
-          "allow_private_networks": True, "allowed_hosts": ["127.0.0.1"]}  # fmt: skip
+MODELS = ("lfm2_vl", "lfm3_vl")  # deployments/<name>.yaml
+# The app's `images` args, for both models.
+IMAGE_ARGS = {
+    "max_images": 3,
+    "max_bytes": 48 << 10,
+    "max_pixels": 200 * 200,
+    "fetch_timeout_s": 2,
+    # NOTE: the image server is on loopback, refused by default (the SSRF guard); the host list
+    # then refuses `localhost` (the "host-not-allowed" row) through serve run.
+    "allow_private_networks": True,
+    "allowed_hosts": ["127.0.0.1"],
+}
 RED = image_bytes((40, 24), "png", seed=1)
 BLUE = image_bytes((16, 56), "jpeg", seed=2)
 WIDE = image_bytes((64, 32), "webp", seed=3)
@@ -50,12 +62,16 @@ class Served:
     images: str  # the loopback image server's base URL
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+@pytest.fixture(scope="module", params=MODELS)
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
     cache = tmp_path_factory.mktemp("xdg-cache")
-    config = yaml.safe_load((ROOT / "deployments" / "lfm3_vl.yaml").read_text())
+    config = yaml.safe_load((ROOT / "deployments" / f"{request.param}.yaml").read_text())
     args = config["applications"][0]["args"]
-    args.update(images=LIMITS, replica_num_cpus=1)
+    # NOTE: prefix caching on (off in the YAMLs) so that a request without a session can hit an
+    # earlier one's image (test_the_same_image_hits_the_prefix_cache).
+    args.update(images=IMAGE_ARGS, replica_num_cpus=1, enable_prefix_caching=True)
     env = {"XDG_CACHE_HOME": str(cache)}
     bodies = {"red.png": RED, "blue.jpeg": BLUE, "wide.webp": WIDE}
     with image_server(bodies) as images, serve_run(config, START_TIMEOUT_S, env=env) as (base, _):
@@ -129,6 +145,21 @@ def test_session_next_turn_resumes_after_the_image(served: Served) -> None:
     assert cached >= first.usage.prompt_tokens, (cached, first.usage)  # the image included
 
 
+def test_the_same_image_hits_the_prefix_cache(served: Served) -> None:
+    """No session: a later conversation that starts with an earlier one (its image, its text and
+    its answer) resumes from the earlier one's kept state; the same text behind another image
+    misses from that image on."""
+    first = [user("Prefix check: what is it?", image_part(data_url(WIDE, "webp")))]
+    a = ask(served, first)
+    more = [{"role": "assistant", "content": a.choices[0].message.content or ""}, user("Why?")]
+    hit = ask(served, first + more)
+    other = [user("Prefix check: what is it?", image_part(data_url(BLUE, "jpeg")))]
+    miss = ask(served, other + more)
+    cached = lambda r: r.usage.prompt_tokens_details.cached_tokens or 0  # noqa: E731
+    assert cached(hit) >= a.usage.prompt_tokens, (cached(hit), a.usage)
+    assert cached(miss) < a.usage.prompt_tokens, (cached(miss), a.usage)
+
+
 def test_json_schema_about_an_image(served: Served) -> None:
     schema = {
         "type": "object",
@@ -178,6 +209,36 @@ async def _idle(client: httpx.AsyncClient) -> tuple[int, int, int]:
             return held, s["kv_pages_used"] - s["prefix_cache_pages"], s["sessions_held"]
         await asyncio.sleep(0.1)
     raise AssertionError(f"the replica did not go idle: {s}")
+
+
+def _input_image(url: str) -> dict[str, Any]:
+    return {"type": "input_image", "image_url": url, "detail": "auto"}
+
+
+def test_responses_input_image_and_a_later_turn(served: Served) -> None:
+    """`input_image` parts answer as chat's `image_url` parts do (greedy: the same text); a turn
+    naming the stored response resumes after its image (cached) and answers as the whole
+    conversation sent again in full."""
+    kw: dict[str, Any] = {"model": served.model, "temperature": 0.0, "max_output_tokens": 8}
+    red, blue = data_url(RED), f"{served.images}/img/blue.jpeg"
+    content = [{"type": "input_text", "text": "Compare"}, _input_image(red), _input_image(blue)]
+    first = served.client.responses.create(
+        input=[{"role": "user", "content": content}],
+        **kw,  # type: ignore[list-item]
+    )
+    chat = ask(served, [user("Compare", image_part(red), image_part(blue))], max_tokens=8)
+    assert first.output_text == chat.choices[0].message.content
+    assert first.usage and first.usage.input_tokens == chat.usage.prompt_tokens
+    then = served.client.responses.create(input="Say more.", previous_response_id=first.id, **kw)
+    assert then.usage and then.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    history = [
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Say more."},
+    ]
+    full = served.client.responses.create(input=history, store=False, **kw)  # type: ignore[arg-type]
+    assert then.output_text == full.output_text
+    assert full.usage and then.usage.input_tokens == full.usage.input_tokens
 
 
 def test_bad_inputs_are_400s_naming_the_part(served: Served) -> None:

@@ -1,5 +1,7 @@
-"""Greedy parity of LFM2-VL with transformers' `generate` (fp32, CPU), processor-shaped inputs
-fed identically to both (tests/vision_inputs.py says why they are built, not processed)."""
+"""Greedy parity of LFM2-VL with transformers' `generate` (fp32, CPU), the same inputs fed to
+both: transformers' own processor on real images (`test_with_transformers_processor`), and
+processor-shaped inputs with chosen tile grids (tests/vision_inputs.py) for the cases that need
+an exact layout (chunk boundaries, preemption)."""
 
 from __future__ import annotations
 
@@ -156,12 +158,12 @@ def test_n_above_one_with_images_is_refused(case: Case) -> None:
 
 @pytest.mark.parametrize("size", [(20, 24), (64, 40)], ids=["untiled", "tiled"])
 def test_with_transformers_processor(case: Case, size: tuple[int, int]) -> None:
-    """The checkpoint's own processor (AutoProcessor on the saved files) end to end, where its
-    torchvision backend imports (not on the CPU test machine: see tests/vision_inputs.py)."""
-    pytest.importorskip("torchvision")
-    from transformers import AutoProcessor
+    """The checkpoint's own processor (AutoProcessor on the saved files: Lfm2VlProcessor and
+    its torchvision-backed Lfm2VlImageProcessor) end to end."""
+    from transformers import AutoProcessor, Lfm2VlProcessor
 
     processor = AutoProcessor.from_pretrained(case.path)
+    assert isinstance(processor, Lfm2VlProcessor)
     image = torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=torch.Generator())
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hm?"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -1,11 +1,14 @@
 """A checkpoint's own transformers processor, loaded from its directory.
 
-`AutoProcessor` where it can be built. LFM3-VL's `Lfm3VlProcessor` also holds a video
+`AutoProcessor` where it can be built (with torchvision importing: LFM2-VL's `Lfm2VlProcessor`
+and LFM3-VL's `Lfm3VlProcessor`, as transformers ships them). LFM3-VL's also holds a video
 processor, which needs torchvision even to be constructed; where torchvision does not import
-(the CPU test machine), `ImageOnlyLfm3VlProcessor` is transformers' same processor without it:
+(a machine whose torch has no matching torchvision build), `ImageOnlyLfm3VlProcessor` is
+transformers' same processor without it:
 the image processor (its PIL backend), the tokenizer and the placeholder expansion are
 transformers' own. NOTE: with no video processor it ignores `videos=`; the engine takes images
-only (`GridImageInput.split` refuses video tensors).
+only (`GridImageInput.split` refuses video tensors). LFM2-VL's image processor itself is
+torchvision's, so there it raises, and the replica refuses images (deployments/chat_images.py).
 """
 
 from __future__ import annotations

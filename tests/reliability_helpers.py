@@ -71,6 +71,22 @@ def serve_app(
             serve.shutdown()
 
 
+def stream_and_kill(
+    http: httpx.Client, body: dict[str, Any], kill: Callable[[], None], after: int = 3
+) -> tuple[list[str], float]:
+    """Stream a completion, calling `kill()` once `after` events came; returns every `data:`
+    payload and the seconds from the kill to the stream's end."""
+    events: list[str] = []
+    killed_at = time.monotonic()
+    with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            events += [line[6:]] if line.startswith("data: ") else []
+            if len(events) == after:
+                kill()
+                killed_at = time.monotonic()
+    return events, time.monotonic() - killed_at
+
+
 def sse_data(text: str) -> list[str]:
     """The `data:` payloads of a server-sent-events body, in order."""
     return [line[6:] for line in text.split("\n") if line.startswith("data: ")]

@@ -77,13 +77,15 @@ def stream_and_kill(
     """Stream a completion, calling `kill()` once `after` events came; returns every `data:`
     payload and the seconds from the kill to the stream's end."""
     events: list[str] = []
-    killed_at = time.monotonic()
+    killed_at: float | None = None
     with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
         for line in r.iter_lines():
             events += [line[6:]] if line.startswith("data: ") else []
-            if len(events) == after:
+            # NOTE: once: the blank line after an event leaves the count where it was.
+            if len(events) == after and killed_at is None:
                 kill()
                 killed_at = time.monotonic()
+    assert killed_at is not None, f"the stream ended after {len(events)} events"
     return events, time.monotonic() - killed_at
 
 

@@ -115,6 +115,9 @@ class CoreEngine:
         message. NOTE: never fork a process that holds Ray's threads."""
         ours, theirs = mp.Pipe(duplex=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # NOTE: OpenMP's spinning wait made the core's 2-thread decode step 10x slower on a
+        # loaded 2-core machine (docs/serving_path.md); a sleeping wait, unless the user chose.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         cmd = [sys.executable, "-m", "deployments.engine_core", str(theirs.fileno())]
         proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), env=env)
         theirs.close()  # NOTE: so the core's exit reads as EOF here

@@ -8,7 +8,8 @@ consecutive output tokens (TPOT):
 
     engine  LLMEngine.step() in a loop, this process (the offline engine)
     async   a second engine behind AsyncEngine in this process: + the thread -> asyncio hand-off
-    serve   `serve run deployments/lfm2.yaml` at its defaults, streamed over HTTP: + the replica's
+    serve   `serve run deployments/lfm2.yaml` at its defaults (or `--engine-process`,
+            `--gil-switch-ms` set), streamed over HTTP: + the replica's
             generator, the handle stream to the ingress, SSE framing, the proxy
 
 one request of each per round, `--repeats` rounds with `serve run` up throughout, so a drift
@@ -86,7 +87,13 @@ def interleaved(args: argparse.Namespace, model_dir: Path, prompt: list[int]) ->
     time), so drift in the machine's speed falls on all three alike and the per-round ratios
     cancel it. Also the CPU each `serve run` process spent per output token, and start-up."""
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    model_args = {"model": str(model_dir)} if args.model else {"tiny_arch": args.tiny}
+    model_args: dict[str, object] = (
+        {"model": str(model_dir)} if args.model else {"tiny_arch": args.tiny}
+    )
+    if args.engine_process is not None:
+        model_args["engine_process"] = args.engine_process == "on"
+    if args.gil_switch_ms is not None:
+        model_args["gil_switch_interval_ms"] = args.gil_switch_ms
     engine = build_engine(model_dir, dtype="float32", engine_config=EngineConfig())
     # NOTE: a second engine behind the loop: only the loop's thread may touch its engine.
     loop = AsyncEngine(build_engine(model_dir, dtype="float32"), admission_limit=4)
@@ -129,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=140)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--engine-process", choices=["on", "off"], help="default: the shipped one")
+    p.add_argument("--gil-switch-ms", type=float, help="the replica's (default: the shipped one)")
     args = p.parse_args(argv)
     prompt = [3 + (7 * i) % 200 for i in range(args.prompt_tokens)]
     model_dir = with_visible_tokens(Path(args.model)) if args.model else tiny_checkpoint(args.tiny)

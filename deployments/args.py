@@ -65,6 +65,10 @@ class AppArgs(EngineArgs):
     thread may keep the GIL while another waits for it (Python's default: 5 ms). The engine
     thread waits for it after every op while Serve's event loops relay the last step's tokens,
     so it is shorter by default (deployments/server.py).
+    `engine_process`: run the engine (scheduler, cache manager, rank 0) in a core process of
+    its own that the replica spawns and owns (deployments/engine_core.py), so no Serve event
+    loop shares its GIL; False steps it on a thread of the replica. tp_size > 1 keeps the
+    thread for now (the TP driver needs the replica's Ray runtime).
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/app.py, so a YAML sets a `deployments:` entry only to override one of them.
@@ -90,6 +94,7 @@ class AppArgs(EngineArgs):
     max_replicas: int = Field(2, ge=1)
     images: ImageLimits = ImageLimits()  # chat image parts (deployments/image_limits.py)
     gil_switch_interval_ms: float = Field(0.5, gt=0, le=100)
+    engine_process: bool = True
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> AppArgs:

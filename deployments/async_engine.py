@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -31,7 +31,15 @@ from deployments.engine_commands import (
     put,
     put_all,
 )
-from deployments.engine_types import Delta, EngineDead, EngineLike, EngineOverloaded
+from deployments.engine_types import (
+    CoreOutput,
+    Delta,
+    EngineDead,
+    EngineLike,
+    EngineOverloaded,
+    delta_of,
+    executor_error,
+)
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
 
@@ -95,6 +103,8 @@ class AsyncEngine:
         self._stats_at = 0.0
         self._error: str | None = None
         self._thread = threading.Thread(target=self._run, name="shortconv-engine", daemon=True)
+        # An engine in another process waits on its pipe inside step(): woken to send commands.
+        self._wake: Callable[[], None] | None = getattr(engine, "wake", None)
 
     # ---- caller side (asyncio) ------------------------------------------------------------
     def start(self) -> None:
@@ -154,7 +164,7 @@ class AsyncEngine:
     ) -> AsyncIterator[Delta]:
         rid, prompt, params, images = request
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)
-        self._cmds.put(AddRequest(rid, prompt, params, stream, images))
+        self._command(AddRequest(rid, prompt, params, stream, images))
         left, failed = params.n, False
         try:
             while left and not failed:
@@ -168,14 +178,14 @@ class AsyncEngine:
         finally:
             admitted.release()
             if left:  # NOTE: a failed fork ends the stream; its siblings are aborted with it
-                self._cmds.put(Abort(rid))
+                self._command(Abort(rid))
 
     async def check_health(self) -> None:
         """Raise when the loop is dead or the executor (TP workers) fails its health check."""
         if not self.alive:
             raise EngineDead(self._error or "the engine loop is not running")
         fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._cmds.put(CheckHealth(fut))
+        self._command(CheckHealth(fut))
         error = await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
         if error is not None:
             raise EngineDead(error)
@@ -185,17 +195,22 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDead(self._error or "the engine loop is not running")
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._cmds.put(ResetPrefixCache(fut))
+        self._command(ResetPrefixCache(fut))
         return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
         """The latest snapshot (engine occupancy + held sessions), refreshed by the loop."""
         return self._stats
 
+    def _command(self, cmd: Command) -> None:
+        self._cmds.put(cmd)
+        if self._wake is not None:
+            self._wake()
+
     def shutdown(self) -> None:
         _running.discard(self)
         if self._thread.is_alive():
-            self._cmds.put(Stop())
+            self._command(Stop())
             self._thread.join(timeout=30.0)
         self.engine.shutdown()
 
@@ -212,8 +227,11 @@ class AsyncEngine:
                     self.engine.sessions.evict_idle()
                     self.engine.refresh_metrics()
                 # NOTE: fresh after any submit/abort and on going idle, so occupancy read right
-                # after a request starts or ends (tests, dashboards) is never stale.
-                self._publish_stats(force=handled > 0 or not self.engine.has_unfinished())
+                # after a request starts or ends (tests, dashboards) is never stale. An engine
+                # in another process sends its status with every step, a step after a submit
+                # reaches it: publish each (it costs the engine nothing).
+                idle = not self.engine.has_unfinished()
+                self._publish_stats(force=handled > 0 or idle or self._wake is not None)
         except Exception as exc:  # a bug in the engine, or a failed executor: fail all, stay dead
             log.exception("engine loop crashed")
             dead = isinstance(exc, EngineDead)
@@ -249,7 +267,7 @@ class AsyncEngine:
                 if self._streams.pop(rid, None) is not None:
                     self.engine.abort_request(rid)
             case CheckHealth(reply=fut):
-                answer(fut, self._error or self._executor_error())
+                answer(fut, self._error or executor_error(self.engine))
             case ResetPrefixCache(reply=fut):
                 answer(fut, self.engine.flush_prefix_cache())
             case Stop():
@@ -276,15 +294,7 @@ class AsyncEngine:
         if stream.session_id is not None:
             self._session_seen[stream.session_id] = time.time()
 
-    def _executor_error(self) -> str | None:
-        """Why the executor (TP workers) is unusable, or None."""
-        try:
-            self.engine.check_health()
-        except Exception as exc:
-            return f"executor health check failed: {exc}"
-        return None
-
-    def _deliver_step(self, outs: list[RequestOutput]) -> None:
+    def _deliver_step(self, outs: Sequence[RequestOutput | CoreOutput]) -> None:
         """Hand one step's deltas over with one wake-up per event loop, not one per stream.
 
         NOTE: a failed request may mean a failed executor (dead TP rank), which fails every
@@ -299,11 +309,11 @@ class AsyncEngine:
                 del self._streams[out.request_id]
                 if stream.session_id is not None:
                     self._session_seen[stream.session_id] = time.time()
-            batches.setdefault(stream.loop, []).append((stream, Delta.of(out)))
+            batches.setdefault(stream.loop, []).append((stream, delta_of(out)))
             failed = failed or out.finish_reason == FinishReason.ERROR
         for loop, items in batches.items():
             put_all(loop, items)
-        if failed and (why := self._executor_error()) is not None:
+        if failed and (why := executor_error(self.engine)) is not None:
             raise EngineDead(why)
 
     def _fork_finished(self, rid: str) -> bool:

@@ -52,7 +52,7 @@ class EngineLike(Protocol):
         called only for a request with images)."""
 
     def abort_request(self, request_id: str) -> RequestOutput | None: ...
-    def step(self) -> list[RequestOutput]: ...
+    def step(self) -> Sequence[RequestOutput | CoreOutput]: ...
     def has_unfinished(self) -> bool: ...
     def stats(self) -> EngineStats: ...
     def graph_stats(self) -> GraphStats | None: ...
@@ -130,3 +130,34 @@ class Delta:
             later.error,
             later.index,
         )
+
+
+@dataclass(frozen=True)
+class CoreOutput:
+    """One request's delta of one step, as an engine in another process hands it over
+    (deployments/core_client.py); the loop takes it where it takes a RequestOutput."""
+
+    request_id: str
+    delta: Delta
+
+    @property
+    def finished(self) -> bool:
+        return self.delta.finish_reason is not None
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.delta.finish_reason
+
+
+def delta_of(out: RequestOutput | CoreOutput) -> Delta:
+    """The step's delta of an engine's output, wherever the engine runs."""
+    return out.delta if isinstance(out, CoreOutput) else Delta.of(out)
+
+
+def executor_error(engine: EngineLike) -> str | None:
+    """Why `engine`'s executor (its TP workers) is unusable, or None."""
+    try:
+        engine.check_health()
+    except Exception as exc:
+        return f"executor health check failed: {exc}"
+    return None

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import importlib
 import logging
 import sys
 import time
@@ -23,13 +21,17 @@ from ray import serve
 from deployments.args import AppArgs
 from deployments.async_engine import AsyncEngine
 from deployments.chat_images import ChatImages
+from deployments.core_client import CoreEngine
+from deployments.engine_build import build_engine, make_engine
 from deployments.engine_types import EngineLike
-from deployments.metrics_sink import attach_ray_metrics
-from deployments.model_source import resolve_model, served_model_name
+from deployments.metrics_sink import RayMetricsSink, attach_ray_metrics
+from deployments.model_source import served_model_name
 from deployments.openai_api import ApiConfig, OpenAIReplica
 from shortconv.engine.stats import StartupReport
 from workers.cpu_threads import follow_reservation
 from workers.startup import PhaseClock
+
+__all__ = ["LLMServer", "build_engine", "start_engine", "startup_summary"]
 
 log = logging.getLogger(__name__)
 # NOTE: inside a replica only Serve's logger reaches the replica's log and `serve run`'s output
@@ -37,54 +39,22 @@ log = logging.getLogger(__name__)
 serve_log = logging.getLogger("ray.serve")
 
 
-def build_engine(args: AppArgs, clock: PhaseClock | None = None) -> EngineLike:
-    """The real engine (the default `engine_factory`). `clock` gets the start-up phases: the
-    checkpoint, the runner's own (weights, prepacking, state pool, graph capture) when the model
-    runs in this process, and the rest of the engine's start (with tp_size > 1 the TP workers',
-    each of which reports its own phases)."""
-    from shortconv.llm import build_engine as build_llm_engine
-
-    clock = clock if clock is not None else PhaseClock()
-    with clock.phase("checkpoint"):
-        model_dir = resolve_model(args)
-    log.info("loading %s (tp_size=%d, %s)", model_dir, args.tp_size, args.device)
-    t0 = time.perf_counter()
-    engine = build_llm_engine(
-        model_dir,
-        tp_size=args.tp_size,
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        engine_config=args.engine_config(),
-    )
-    inner = engine.executor.startup_phases()  # tp_size=1: the model is in this process
-    clock.add(inner)
-    clock.phases.append(("engine", time.perf_counter() - t0 - sum(inner.values())))
-    return engine
-
-
 def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> dict[str, Any]:
     """The replica's start-up report for its stats (and the log): phases, memory, threads, and
     each TP rank's own report."""
     ranks = engine.startup_reports()
     serve_log.info("%s; torch threads %d", report.line(), threads)
-    for rank in ranks:
+    core: StartupReport | None = getattr(engine, "core_report", None)
+    for rank in ([core] if core else []) + ranks:
         serve_log.info("%s", rank.line())
     return {
+        "core": dataclasses.asdict(core) if core else None,  # the engine core process's
         **dataclasses.asdict(report),
         "torch_threads": threads,
         "gil_switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 3),
         "weight_bytes": dict(engine.weight_bytes),  # rank 0's, read at start
         "ranks": [dataclasses.asdict(r) for r in ranks],
     }
-
-
-def import_attr(path: str) -> Any:
-    """`pkg.module:attr` (or `pkg.module.attr`) -> the attribute."""
-    module, sep, attr = path.partition(":")
-    if not sep:
-        module, _, attr = path.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
 
 
 def share_the_gil(interval_ms: float) -> None:
@@ -99,6 +69,23 @@ def share_the_gil(interval_ms: float) -> None:
     shorter interval costs them little."""
     sys.setswitchinterval(interval_ms / 1000.0)
     serve_log.info("GIL switch interval %.2f ms", interval_ms)
+
+
+def start_engine(
+    args: AppArgs, engine_factory: str | None, clock: PhaseClock, threads: int
+) -> EngineLike:
+    """The replica's engine: in its own core process (`engine_process`, tp_size=1), else in
+    this one. The core's start is one phase here; its own phases are its start-up report."""
+    if args.engine_process and args.tp_size == 1:
+        t0 = time.perf_counter()
+        core = CoreEngine.spawn(args.model_dump(), engine_factory, threads)
+        waited, phases = time.perf_counter() - t0, dict(core.core_report.phases)
+        # NOTE: the core's phases are the replica's start path; before them, its interpreter.
+        clock.phases.append(("core_process", waited - sum(phases.values())))
+        clock.add(phases)
+        serve_log.info("engine core process %d ready", core.pid)
+        return core
+    return make_engine(args, engine_factory, clock)
 
 
 @serve.deployment(name="LLMServer")
@@ -120,22 +107,17 @@ class LLMServer(OpenAIReplica):
         threads = (
             follow_reservation("replica") if app_args.tp_size == 1 else torch.get_num_threads()
         )
-        factory = (
-            import_attr(engine_factory)
-            if engine_factory
-            else functools.partial(build_engine, clock=clock)
-        )
         # NOTE: loading happens off the event loop so the replica stays responsive to Serve.
-        t0 = time.perf_counter()
-        engine = await asyncio.to_thread(factory, app_args)
-        if engine_factory:
-            clock.phases.append(("engine", time.perf_counter() - t0))
+        engine = await asyncio.to_thread(start_engine, app_args, engine_factory, clock, threads)
         with clock.phase("processor"):  # the checkpoint's processor, for chat images
             images = await asyncio.to_thread(ChatImages.for_engine, engine, app_args.images)
         with clock.phase("loop"):
             # NOTE: before the loop starts, so every series exists (at 0) from the replica's
             # start; inside a replica Ray tags them with application, deployment and replica.
-            attach_ray_metrics(engine)
+            if isinstance(engine, CoreEngine):
+                engine.relay_metrics_to(RayMetricsSink())  # the core records, we export
+            else:
+                attach_ray_metrics(engine)
             loop = AsyncEngine(engine, admission_limit=app_args.admission_limit)
             loop.start()
         replica_id = serve.get_replica_context().replica_id.to_full_id_str()

@@ -17,6 +17,25 @@ from deployments.serve_run import (
 )
 
 
+def descendant_pids(marker: str) -> list[int]:
+    """Processes below this test process (our Ray runtime's, Linux) whose command line holds
+    `marker` (a Ray actor's title such as "ray::TPWorker", or a module run with -m)."""
+    parent, title = {}, {}
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit():
+                stat = (d / "stat").read_text()
+                parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                title[int(d.name)] = (d / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            pass  # the process went away while we looked
+    mine, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - mine
+        mine |= frontier
+    return sorted(pid for pid in mine if marker in title.get(pid, ""))
+
+
 def model_cache(base: Path) -> Path:
     """The XDG cache of one test worker (`base`: its pytest base temp): `model: null` builds the
     tiny checkpoints into it once per worker instead of once per module (each is built in a temp

@@ -71,6 +71,24 @@ def serve_app(
             serve.shutdown()
 
 
+def stream_and_kill(
+    http: httpx.Client, body: dict[str, Any], kill: Callable[[], None], after: int = 3
+) -> tuple[list[str], float]:
+    """Stream a completion, calling `kill()` once `after` events came; returns every `data:`
+    payload and the seconds from the kill to the stream's end."""
+    events: list[str] = []
+    killed_at: float | None = None
+    with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            events += [line[6:]] if line.startswith("data: ") else []
+            # NOTE: once: the blank line after an event leaves the count where it was.
+            if len(events) == after and killed_at is None:
+                kill()
+                killed_at = time.monotonic()
+    assert killed_at is not None, f"the stream ended after {len(events)} events"
+    return events, time.monotonic() - killed_at
+
+
 def sse_data(text: str) -> list[str]:
     """The `data:` payloads of a server-sent-events body, in order."""
     return [line[6:] for line in text.split("\n") if line.startswith("data: ")]

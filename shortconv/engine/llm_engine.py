@@ -14,17 +14,18 @@ from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.forks import seq_ids
-from shortconv.engine.images import AnyImage, ImageSpec, PlacedImage, place_images
+from shortconv.engine.images import AnyImage, ImageSpec, PlacedImage
 from shortconv.engine.occupancy import engine_stats
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
+from shortconv.engine.request_limits import RequestLimits
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
 from shortconv.engine.stats import EngineStats, GraphStats, StartupReport
 from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.metrics.recorder import MetricsRecorder
 from shortconv.sampling.grammar.runtime import GrammarRuntime
-from shortconv.sampling.sampling_params import InvalidRequest, SamplingParams
+from shortconv.sampling.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,15 @@ class LLMEngine:
         hf = self.tokenizer.hf if self.tokenizer is not None else None
         self.image_spec = ImageSpec.of(self.model_cfg)  # None: a text-only model
         self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
+        self.stop_ids = tuple(sorted(eos))  # the grammar runtime's stop tokens
+        self.limits = RequestLimits(
+            self.model_cfg.arch,
+            self.model_cfg.vocab_size,
+            self.max_model_len,
+            self.engine_cfg.max_n,
+            self.tokenizer is not None,
+            self.image_spec,
+        )
         self._outputs: dict[str, RequestOutput] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._counts = {"prompt": 0, "generation": 0, "cached": 0, "images": 0}
@@ -95,28 +105,7 @@ class LLMEngine:
         return self.tokenizer.encode(prompt)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        if params.n > self.engine_cfg.max_n:
-            msg = f"n={params.n} is above this server's maximum of {self.engine_cfg.max_n}"
-            raise InvalidRequest(msg, "n")
-        if not prompt_token_ids:
-            raise InvalidRequest("prompt is empty: at least one token is required", "prompt")
-        vocab = self.model_cfg.vocab_size
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            msg = f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})"
-            raise InvalidRequest(msg, "prompt")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise InvalidRequest(
-                f"prompt has {len(prompt_token_ids)} tokens but the maximum model length is "
-                f"{self.max_model_len} (including at least one generated token)",
-                "prompt",
-            )
-        outside = [t for t, _ in params.logit_bias if t >= vocab]
-        if outside:
-            msg = f"logit_bias token id {outside[0]} is outside the vocabulary [0, {vocab})"
-            raise InvalidRequest(msg, "logit_bias")
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequest("stop strings need a tokenizer; this checkpoint has none", "stop")
+        self.limits.validate(prompt_token_ids, params)
         if params.grammar is not None:
             self.grammars.check(params.grammar)  # GrammarError (a ValueError) naming the field
 
@@ -128,13 +117,7 @@ class LLMEngine:
     ) -> tuple[PlacedImage, ...]:
         """Each image's placeholders in the prompt, or InvalidRequest naming what is wrong.
         (Kept state is keyed by each image's digest too: `engine.images.key_stream`.)"""
-        if not images:
-            return ()
-        if self.image_spec is None:
-            raise InvalidRequest(f"{self.model_cfg.arch} is a text-only model", "images")
-        if n > 1:  # forks copy the parent's state but not its images (engine.forks)
-            raise InvalidRequest("n > 1 with images is not supported yet", "n")
-        return place_images(prompt_token_ids, images, self.image_spec)
+        return self.limits.place_images(prompt_token_ids, images, n)
 
     def add_request(
         self,

@@ -10,14 +10,14 @@ import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import ray
 from ray import serve
-from ray_env import free_port, model_cache, private_ray
+from ray_env import descendant_pids, free_port, model_cache, private_ray
+from reliability_helpers import stream_and_kill
 
 from deployments.app import build_app, parse_args
 
@@ -38,21 +38,8 @@ def wait_for(pred: Any, timeout_s: float, what: str) -> Any:
 
 
 def tp_worker_pids() -> list[int]:
-    """TP worker processes of *our* Ray runtime: descendants of this test process (Linux)."""
-    parent, title = {}, {}
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit():
-                stat = (d / "stat").read_text()
-                parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-                title[int(d.name)] = (d / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            pass  # the process went away while we looked
-    mine, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - mine
-        mine |= frontier
-    return sorted(pid for pid in mine if "ray::TPWorker" in title.get(pid, ""))
+    """TP worker processes of *our* Ray runtime."""
+    return descendant_pids("ray::TPWorker")
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +100,9 @@ def test_worker_killed_mid_stream_ends_in_an_error_then_the_replica_is_replaced(
     body = {"prompt": "hello", "max_tokens": 500, "temperature": 0.0, "ignore_eos": True}
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=base_url, timeout=60) as http:
         whole = pool.submit(http.post, "/v1/completions", json=body)  # in flight too
-        events: list[str] = []
-        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
-            for line in r.iter_lines():
-                events += [line[6:]] if line.startswith("data: ") else []
-                if len(events) == 3:
-                    os.kill(tp_worker_pids()[-1], signal.SIGKILL)
-                    killed_at = time.monotonic()
-        elapsed = time.monotonic() - killed_at
+        events, elapsed = stream_and_kill(
+            http, body, lambda: os.kill(tp_worker_pids()[-1], signal.SIGKILL)
+        )
         assert events[-1] == "[DONE]" and elapsed < 30, (elapsed, events[-3:])
         err = json.loads(events[-2])["error"]
         assert err["code"] == "engine_error" and "TP rank" in err["message"], err

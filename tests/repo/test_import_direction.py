@@ -212,6 +212,7 @@ ENGINE_SURFACE = (
     "shortconv.engine.outputs",
     "shortconv.engine.stats",
     "shortconv.engine.tokenizer",
+    "shortconv.engine.request_limits",  # a request's checks, run where the engine is not
     "shortconv.engine.images",  # a request's images (`add_request(images=...)`), as offline
     "shortconv.configs.hf.processors",  # the checkpoint's own processor, for chat images
     "shortconv.metrics",

@@ -108,7 +108,7 @@ class StepInputs:
             raise ValueError("empty step plan")
         check_tables(seqs, self.page_size, self.num_kv_groups)
         max_l = max(s.start_pos + s.num_tokens for s in seqs)
-        sampled = sum(s.is_sampled for s in seqs)
+        sampled = sum(s.num_logits for s in seqs)
         n_tokens = sum(s.num_tokens for s in seqs)
         layout = self._layout(n_tokens, len(seqs), sampled, cdiv(max_l, self.page_size))
         self._fit(layout)

@@ -221,3 +221,24 @@ def test_llm_facade_and_graphs_route_verify_rows_to_eager(tmp_path: Path) -> Non
     outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
     assert_accepts_and_rejects(llm.engine)
+
+
+def test_preemption_and_resume_while_speculating(tmp_path: Path) -> None:
+    """Pages run out mid-run: a speculating request is preempted (spec slots and pages freed)
+    and recomputed later; output is still what speculation off gives."""
+    ckpt = make_ckpt("lfm2", tmp_path)
+    kw = {"num_kv_pages": 30, "enable_prefix_caching": False}
+    ref = run(engine(ckpt, None, **kw), PROMPTS, GREEDY)
+    eng = engine(ckpt, SPEC, **kw)
+    preempt, preempted = eng.scheduler._preempt, []
+
+    def counting(req):  # noqa: ANN001, ANN202 - the scheduler's Request
+        preempted.append(req.request_id)
+        return preempt(req)
+
+    eng.scheduler._preempt = counting  # type: ignore[method-assign]
+    ours = run(eng, PROMPTS, GREEDY)
+    assert preempted, "no preemption: the page pool is too large for this test"
+    assert_same(ours, ref)
+    assert_accepts_and_rejects(eng)
+    assert_nothing_held(eng)

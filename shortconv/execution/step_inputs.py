@@ -82,7 +82,8 @@ class StepInputs:
     def _alloc(self, tokens: int, seqs: int, pages: int) -> None:
         self._cap = (tokens, seqs, pages)
         dev, pin = self.device, self.device.type == "cuda"
-        n = sum(self._layout(tokens, seqs, seqs, pages).sizes())
+        # NOTE: logits rows are at most one per token (a verify row has several), not per seq.
+        n = sum(self._layout(tokens, seqs, max(seqs, tokens), pages).sizes())
         # Pinned staging makes the copy asynchronous; its reuse waits on _copy_done.
         self.primary_host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
         self.primary = (

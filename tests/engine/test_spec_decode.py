@@ -242,3 +242,24 @@ def test_preemption_and_resume_while_speculating(tmp_path: Path) -> None:
     assert_same(ours, ref)
     assert_accepts_and_rejects(eng)
     assert_nothing_held(eng)
+
+
+def test_forks_speculate_each_on_their_own_state(tmp_path: Path) -> None:
+    """n = 3, seeded: each fork copies its parent's state, then speculates on its own slots."""
+    ckpt = make_ckpt("lfm2", tmp_path)
+    params = SamplingParams(temperature=0.7, seed=3, n=3, max_tokens=30, ignore_eos=True)
+    ref, eng = engine(ckpt, None), engine(ckpt, SPEC)
+    want = run_forks(ref, PROMPTS[0], params)
+    assert run_forks(eng, PROMPTS[0], params) == want
+    assert len(set(map(tuple, want))) > 1  # the forks really differ
+    assert_accepts_and_rejects(eng)
+    assert_nothing_held(eng)
+
+
+def run_forks(eng: LLMEngine, prompt: list[int], params: SamplingParams) -> list[list[int]]:
+    """Every fork's tokens, by index."""
+    eng.add_request(prompt, params)
+    done: dict[int, list[int]] = {}
+    while eng.has_unfinished():
+        done.update({o.index: o.token_ids for o in eng.step() if o.finished})
+    return [done[i] for i in sorted(done)]

@@ -53,6 +53,7 @@ class Holder(Protocol):
     num_cached_tokens: int  # prompt tokens resumed from a checkpoint
     looked_up: bool  # the lookup is counted once, at the first admission
     pending_ckpts: list[tuple[int, int]]  # (position, slot) the running step writes
+    spec_slots: list[int]  # speculation: the state after each verified position
     prompt_entry: CacheEntry | None  # the end-of-prompt checkpoint a session pins
 
     @property
@@ -224,6 +225,32 @@ class CacheManager:
             slot = self.slots.alloc()
         return slot
 
+    # ---- speculative decoding ---------------------------------------------------------
+    def spec_slots(self, req: Holder, k: int) -> tuple[int, ...]:
+        """k slots of req's own that a verify row of k proposals writes the state after each
+        of its first k tokens into, kept while it runs; fewer when the pool is short (the
+        row then proposes fewer, never fails)."""
+        while len(req.spec_slots) < k:
+            slot = self._checkpoint_slot()
+            if slot is None:
+                break
+            req.spec_slots.append(slot)
+        return tuple(req.spec_slots[:k])
+
+    def rollback(self, req: Holder, start: int, kept: int, verified: int) -> None:
+        """After a verify row of `verified` tokens at `start`: keep its first `kept` tokens.
+
+        NOTE: selection, not recompute: the state after j < verified tokens of the row is in
+        `spec_slots[j - 1]` (written by the verify pass), so it becomes the live slot by a swap
+        of slot ids; KV past the kept length is dead (the next row writes it before anything
+        reads it) and pages that hold only rejected positions go back."""
+        req.num_computed = start + kept
+        if kept < verified:
+            live, i = req.slot, kept - 1
+            assert live is not None  # a verify row's request holds its slot
+            req.slot, req.spec_slots[i] = req.spec_slots[i], live
+        self.kv.trim(req, req.num_computed)
+
     # ---- checkpoints ----------------------------------------------------------------------
     def plan_checkpoints(
         self, req: Holder, start: int, n: int, copies: StepCopies
@@ -286,6 +313,9 @@ class CacheManager:
         if req.slot is not None:
             self.slots.free(req.slot)
             req.slot = None
+        for slot in req.spec_slots:
+            self.slots.free(slot)
+        req.spec_slots.clear()
         self.kv.release(req)
 
     def _let_go(self, entry: CacheEntry) -> None:

@@ -92,6 +92,17 @@ class PageTables:
         pairs = enumerate(zip(srcs, dsts, strict=True))
         return tuple((req.request_id, g, src, dst) for g, (src, dst) in pairs)
 
+    def trim(self, req: PageHolder, num_tokens: int) -> None:
+        """Free req's pages past those covering num_tokens, in every group (a rejected
+        speculation's); they were grown for this request alone, so it holds the only reference."""
+        keep = -(-num_tokens // self.page_size)
+        tables = [req.pages, *self._window_tables(req)]
+        for allocator, table in zip(self.allocators, tables, strict=True):
+            dead = [p for p in table[keep:] if p != SCRATCH_PAGE]
+            if dead:
+                allocator.free(dead)
+            del table[keep:]
+
     def release(self, req: PageHolder) -> None:
         """Free every page req holds, in every group."""
         release_table(req.pages, self.full)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from shortconv.configs.hf import model_fields
 from shortconv.configs.hf.common import RopeSpec
+from shortconv.configs.speculative import SpeculativeConfig
 from shortconv.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -201,8 +202,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     prefix_checkpoint_interval: int = field(default=0, metadata={"ge": 0})
     num_checkpoint_slots: int = field(default=0, metadata={"ge": 0})
+    # Speculative decoding (docs/speculative_decoding.md): None off; a mapping is parsed into
+    # a `SpeculativeConfig` (vLLM's `--speculative-config` keys).
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        spec = SpeculativeConfig.parse(self.speculative_config)
+        object.__setattr__(self, "speculative_config", spec)
         for f in fields(self):
             value, bounds = getattr(self, f.name), f.metadata
             if "ge" in bounds and value < bounds["ge"]:
@@ -222,6 +228,12 @@ class EngineConfig:
         if self.prefix_checkpoint_interval:
             return self.prefix_checkpoint_interval
         return -(-64 // self.kv_page_size) * self.kv_page_size
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """k, the tokens a speculating request proposes per step (0: speculation off)."""
+        spec = self.speculative_config
+        return spec.num_speculative_tokens if spec is not None else 0
 
     @property
     def checkpoint_slots(self) -> int:

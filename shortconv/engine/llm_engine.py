@@ -67,11 +67,15 @@ class LLMEngine:
                 session_ttl_s=eng.session_ttl_s,
                 checkpoint_interval=eng.checkpoint_interval,
                 max_prefill_tokens_while_decoding=eng.prefill_tokens_while_decoding(self.device),
+                speculative=eng.speculative_config,
             ),
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),
             window_groups(self.model_cfg, self.capacity.window_pages),
         )
+        if (speculative := eng.speculative_config) is not None:
+            k = speculative.num_speculative_tokens
+            log.info("speculative decoding: method %s, k=%d", speculative.method, k)
         hf = self.tokenizer.hf if self.tokenizer is not None else None
         self.image_spec = ImageSpec.of(self.model_cfg)  # None: a text-only model
         self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
@@ -219,38 +223,58 @@ class LLMEngine:
         return out
 
     def _emit(self, req: Request) -> RequestOutput:
+        """The step's new tokens of req (several after a verify row), one at a time as a step
+        of one token would give them: a grammar completed or a stop string matched before the
+        last cuts the rest."""
         out = self._outputs[req.request_id]
         if not out.token_ids and out.index == 0:  # first token: the prompt is done (once)
             self._counts["prompt"] += len(req.prompt_token_ids)
             self._counts["cached"] += req.num_cached_tokens
-        self._counts["generation"] += 1
         out.num_cached_tokens = req.num_cached_tokens
-        tok = req.output_token_ids[-1]
-        if self.grammars.accept(req.request_id, tok, req.finished) and not req.finished:
-            self.scheduler.finish(
-                req, FinishReason.STOP
-            )  # the grammar is complete (ignore_eos too)
-        out.new_token_ids = [tok]
-        out.token_ids.append(tok)
-        if out.logprobs is not None:
-            out.logprobs.append(req.output_logprobs[-1])
-        if out.top_logprobs is not None:
-            out.top_logprobs.append(req.output_top_logprobs[-1])
-        detok = self._detok.get(req.request_id)
-        out.new_text = ""
-        if detok is not None:
-            out.new_text = detok.push([tok])
-            if detok.stopped and not req.finished:
-                self.scheduler.finish(req, FinishReason.STOP)
-            elif req.finished:
-                out.new_text += detok.flush()
-            out.text += out.new_text
+        out.new_token_ids, out.new_text = [], ""
+        first = len(req.output_token_ids) - req.num_new_tokens
+        for i in range(first, len(req.output_token_ids)):
+            last = i == len(req.output_token_ids) - 1
+            if self._take_token(req, out, i, done=last and req.finished):
+                # NOTE: cut inside a verify row's run: the state folded in tokens past the
+                # cut, so it is not kept as the end-of-generation checkpoint.
+                del req.output_token_ids[i + 1 :]
+                del req.output_logprobs[i + 1 :]
+                del req.output_top_logprobs[i + 1 :]
+                self.scheduler.finish(req, FinishReason.STOP, keep_state=last)
+                break
+        self._counts["generation"] += len(out.new_token_ids)
         if req.finished:
             out.finish_reason = req.finish_reason
             self._count_finished(req.finish_reason)
             self._outputs.pop(req.request_id, None)
             self._detok.pop(req.request_id, None)
         return out
+
+    def _take_token(self, req: Request, out: RequestOutput, i: int, done: bool) -> bool:
+        """Output token i of req into `out`; True when it ends the request here (a complete
+        grammar, a stop string; the caller tells the scheduler). `done`: the scheduler ended
+        it at this token."""
+        tok = req.output_token_ids[i]
+        grammar_done = self.grammars.accept(req.request_id, tok, done) and not done
+        ended = done or grammar_done
+        stop = grammar_done
+        out.new_token_ids.append(tok)
+        out.token_ids.append(tok)
+        if out.logprobs is not None:
+            out.logprobs.append(req.output_logprobs[i])
+        if out.top_logprobs is not None:
+            out.top_logprobs.append(req.output_top_logprobs[i])
+        detok = self._detok.get(req.request_id)
+        if detok is not None:
+            text = detok.push([tok])
+            if detok.stopped and not ended:
+                stop = True
+            elif ended:
+                text += detok.flush()
+            out.new_text += text
+            out.text += text
+        return stop
 
     def _fail_all(self, message: str) -> list[RequestOutput]:
         failed = []

@@ -54,7 +54,17 @@ def engine_stats(
             "sliding": sum(g.pages.capacity for g in cm.windows),
         },
         **_prefix_cache_stats(cm, checkpoint_bytes),
+        **_spec_stats(scheduler),
     )
+
+
+def _spec_stats(scheduler: Scheduler) -> dict[str, int]:
+    c = scheduler.speculator.counters
+    return {
+        "spec_decode_num_drafts": c.num_drafts,
+        "spec_decode_num_draft_tokens": c.num_draft_tokens,
+        "spec_decode_num_accepted_tokens": c.num_accepted_tokens,
+    }
 
 
 def _prefix_cache_stats(cm: CacheManager, checkpoint_bytes: int) -> dict[str, int]:

@@ -30,13 +30,30 @@ class SeqChunk:
     # request id, its row) per fork, each drawing its first token from this chunk's last
     # position (one logits row, repeated per fork by the runner).
     fork_rows: tuple[tuple[str, SamplingRow], ...] = ()
+    # A verify row (speculative decoding): the request's last token then k proposed ones; one
+    # sampling row per position before the last (`sampling` is the last's), each drawn as if
+    # the proposals before it had been accepted (engine.speculation).
+    draft_rows: tuple[SamplingRow, ...] = ()
 
     @property
     def samples(self) -> tuple[tuple[str, SamplingRow], ...]:
-        """(request id, row) of every token drawn from this chunk's last position, in order."""
+        """(request id, row) of every token drawn from this chunk, in order: its last
+        position's (a verify row: each of its last k + 1 positions'), or one per fork."""
         if self.sampling is not None:
-            return ((self.request_id, self.sampling),)
+            rows = (*self.draft_rows, self.sampling)
+            return tuple((self.request_id, r) for r in rows)
         return self.fork_rows
+
+    @property
+    def num_draft(self) -> int:
+        """Proposed tokens this verify row carries (0: not a verify row)."""
+        return len(self.draft_rows)
+
+    @property
+    def num_logits(self) -> int:
+        """Logits rows the chunk needs: its last k + 1 positions when sampled (k = 0 unless it
+        verifies proposals; a forking parent's one row is repeated per fork after the head)."""
+        return 1 + self.num_draft if self.is_sampled else 0
 
     @property
     def is_sampled(self) -> bool:

@@ -43,6 +43,11 @@ class Request:
     # Checkpoint (position, slot) pairs the running step writes, inserted into the cache
     # manager's tree once it has run; and the end-of-prompt entry a session pins.
     pending_ckpts: list[tuple[int, int]] = field(default_factory=list)
+    # Speculative decoding: the slots a verify row writes the state after each of its first k
+    # tokens into (cache.manager.CacheManager.spec_slots), and the tokens this request got in
+    # the last step (a verify row may add several).
+    spec_slots: list[int] = field(default_factory=list)
+    num_new_tokens: int = 0
     prompt_entry: CacheEntry | None = None
     # Multimodal input: the prompt's images, and the encoder-cache key of each image index the
     # runner holds (engine.encoder_planner).

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.manager import CacheManager, StepCopies
 from shortconv.cache.window_pages import WindowGroup
+from shortconv.configs.speculative import SpeculativeConfig
 from shortconv.engine.encoder_planner import EncoderPlanner
 from shortconv.engine.forks import copied_by_all, make_forks, ready_to_fork
 from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
+from shortconv.engine.speculation import Speculator
 from shortconv.sampling.sampling_row import SamplingRow, make_row
 
 
@@ -29,6 +32,7 @@ class SchedulerConfig:
     checkpoint_interval: int = 64  # prompt tokens between checkpoints (whole pages)
     # Prompt tokens a step may carry while any request decodes (0: the whole budget).
     max_prefill_tokens_while_decoding: int = 0
+    speculative: SpeculativeConfig | None = None  # None: no request speculates
 
 
 class Scheduler:
@@ -53,6 +57,7 @@ class Scheduler:
             windows=windows,
         )
         self.encoder = EncoderPlanner()
+        self.speculator = Speculator(cfg.speculative)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -86,10 +91,11 @@ class Scheduler:
             self.finish(req, FinishReason.ABORT)
         return req
 
-    def finish(self, req: Request, reason: FinishReason) -> None:
+    def finish(self, req: Request, reason: FinishReason, keep_state: bool = True) -> None:
         """A request leaves; a parent takes its unfinished forks with it, and the last fork of
-        a parent to leave takes the parent."""
-        self._leave(req, reason)
+        a parent to leave takes the parent. `keep_state` False: its state is not kept as an
+        end-of-generation checkpoint (its output was cut behind what its state folded in)."""
+        self._leave(req, reason, keep_state)
         for fork in req.forks:
             if not fork.finished:
                 self._leave(fork, reason)
@@ -97,7 +103,7 @@ class Scheduler:
         if parent is not None and not parent.finished and all(f.finished for f in parent.forks):
             self._leave(parent, reason)
 
-    def _leave(self, req: Request, reason: FinishReason) -> None:
+    def _leave(self, req: Request, reason: FinishReason, keep_state: bool = True) -> None:
         if req.status is Status.RUNNING:
             self.running.remove(req)
         elif req.status is Status.WAITING and req in self.waiting:
@@ -105,7 +111,7 @@ class Scheduler:
         if req.forks:  # a parent's state is a fork source, never a checkpoint of its own
             self.cache_manager.release(req)
         else:
-            completed = reason in (FinishReason.STOP, FinishReason.LENGTH)
+            completed = keep_state and reason in (FinishReason.STOP, FinishReason.LENGTH)
             self.cache_manager.finish(req, completed=completed)
         self.encoder.release(req)
         req.status, req.finish_reason = Status.FINISHED, reason
@@ -164,6 +170,11 @@ class Scheduler:
         for req in reqs:
             while req.status is Status.RUNNING and used < budget:
                 n = min(req.num_tokens - req.num_computed, budget - used)
+                draft = self._draft(req, budget - used - n) if n == 1 else ()
+                if draft and self.cache_manager.grow(req, req.num_computed + 1 + len(draft)):
+                    chunks[req.request_id] = self._verify_chunk(req, draft)
+                    used += 1 + len(draft)
+                    break
                 n, cost = self._fit(req, n, budget - used)
                 if self.cache_manager.grow(req, req.num_computed + n):
                     chunks[req.request_id] = self._chunk(req, n, copies)
@@ -220,9 +231,39 @@ class Scheduler:
             fork_rows=fork_rows,
         )
 
-    def _row(self, req: Request) -> SamplingRow:
+    def _row(self, req: Request, draft: Sequence[int] = ()) -> SamplingRow:
+        """req's row for its next token, `draft` taken as generated already."""
         p, eos = req.params, self.cfg.eos_token_ids
-        return make_row(p, req.seed, req.prompt_token_ids, req.output_token_ids, eos)
+        output = [*req.output_token_ids, *draft] if draft else req.output_token_ids
+        return make_row(p, req.seed, req.prompt_token_ids, output, eos)
+
+    # ---- speculative decoding -------------------------------------------------------------
+    def _draft(self, req: Request, room: int) -> tuple[int, ...]:
+        """A decoding request's proposals this step (engine.speculation), at most one per
+        spec slot it holds."""
+        k = self.speculator.limit(req, room, self.cfg.max_model_len)
+        if k < 1:
+            return ()
+        k = len(self.cache_manager.spec_slots(req, k))
+        return self.speculator.propose(req, k)
+
+    def _verify_chunk(self, req: Request, draft: tuple[int, ...]) -> SeqChunk:
+        """req's last token then its proposals, one sampling row per position; the state after
+        each of its first k tokens goes to a spec slot (the rollback selects one)."""
+        start, k = req.num_computed, len(draft)
+        rows = [self._row(req, draft[:i]) for i in range(k + 1)]
+        assert req.slot is not None  # a running request holds its slot
+        return SeqChunk(
+            request_id=req.request_id,
+            token_ids=(req.all_token_ids[start], *draft),
+            start_pos=start,
+            slot=req.slot,
+            block_table=tuple(req.pages),
+            sampling=rows[k],
+            checkpoints=tuple((j, req.spec_slots[j - 1]) for j in range(1, k + 1)),
+            window_tables=tuple(tuple(t) for t in req.window_pages),
+            draft_rows=tuple(rows[:k]),
+        )
 
     def _preempt(self, req: Request) -> None:
         """Free everything and recompute later from prompt + generated tokens."""
@@ -235,34 +276,51 @@ class Scheduler:
 
     # ---- results ------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult) -> list[Request]:
-        """Advance requests by the executed plan; returns requests that got a new token."""
+        """Advance requests by the executed plan; returns requests that got new tokens (a
+        verify row's accepted run, cut at the first stop: `Request.num_new_tokens`)."""
+        verifying: dict[str, SeqChunk] = {}
         for chunk in plan.seqs:
             req = self.requests.get(chunk.request_id)
             if req is not None and req.status is Status.RUNNING:
+                if chunk.num_draft:  # advanced by what it accepts, below
+                    verifying[req.request_id] = chunk
+                    continue
                 req.num_computed += chunk.num_tokens
                 self.cache_manager.commit_checkpoints(req)
                 if ready_to_fork(req):
                     self._fork(req)
         updated: list[Request] = []
-        for rid, tok, lp, top in zip(
-            result.request_ids,
-            result.token_ids,
-            result.logprobs,
-            result.top_logprobs,
-            strict=True,
-        ):
+        for rid, samples in _by_request(result):
             req = self.requests.get(rid)
             # NOTE: a fork's first token comes while it waits for a slot (its parent sampled it).
             if req is None or req.status not in (Status.RUNNING, Status.WAITING):
                 continue  # aborted while the step ran
-            req.output_token_ids.append(tok)
-            req.output_logprobs.append(lp)
-            req.output_top_logprobs.append(top)
-            reason = self._stop_reason(req, tok)
+            verify = verifying.get(rid)
+            if verify is not None:
+                drawn = [tok for tok, _, _ in samples]
+                samples = samples[: self.speculator.accept(verify.token_ids[1:], drawn)]
+            reason = self._append(req, samples)
+            if verify is not None:
+                kept = req.num_new_tokens  # tokens of the row folded into the state
+                self.cache_manager.rollback(req, verify.start_pos, kept, verify.num_tokens)
             if reason is not None:
                 self.finish(req, reason)
             updated.append(req)
         return updated
+
+    def _append(self, req: Request, samples: list[_Sample]) -> FinishReason | None:
+        """Append tokens in order until one ends the request (EOS, a stop id, max_tokens, the
+        model length): output ends where decoding one token a step ends."""
+        req.num_new_tokens = 0
+        for tok, lp, top in samples:
+            req.output_token_ids.append(tok)
+            req.output_logprobs.append(lp)
+            req.output_top_logprobs.append(top)
+            req.num_new_tokens += 1
+            reason = self._stop_reason(req, tok)
+            if reason is not None:
+                return reason
+        return None
 
     def _stop_reason(self, req: Request, tok: int) -> FinishReason | None:
         p = req.params
@@ -271,3 +329,15 @@ class Scheduler:
         if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.cfg.max_model_len:
             return FinishReason.LENGTH
         return None
+
+
+_Sample = tuple[int, float | None, list[tuple[int, float]] | None]
+
+
+def _by_request(result: StepResult) -> Iterator[tuple[str, list[_Sample]]]:
+    """The result's samples grouped by request, in order (a verify row's are consecutive)."""
+    rows = zip(
+        result.request_ids, result.token_ids, result.logprobs, result.top_logprobs, strict=True
+    )
+    for rid, group in groupby(rows, key=lambda r: r[0]):
+        yield rid, [(tok, lp, top) for _, tok, lp, top in group]

@@ -45,6 +45,12 @@ class EngineStats:
     encoder_seconds_total: float = 0.0
     # Rank 0's weights by storage dtype ("int8" with `quantization="int8"`), fixed at start-up.
     weight_bytes_by_dtype: dict[str, int] = field(default_factory=dict)
+    # Speculative decoding (all 0 with it off): verify rows run, tokens they proposed, and the
+    # proposals accepted (vLLM's spec_decode_num_drafts / _num_draft_tokens /
+    # _num_accepted_tokens).
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

@@ -11,7 +11,7 @@ from shortconv.cache.kv_groups import kv_specs
 from shortconv.cache.state_pool import StatePool
 from shortconv.configs.support import check_support
 from shortconv.engine.images import ImageSpec
-from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
 from shortconv.execution.encoder_cache import EncoderCache
@@ -175,9 +175,17 @@ class ModelRunner:
 
 def _per_sample(logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
     """One logits row per sampled token: a forking parent's one row repeated once per fork (an
-    index_select; the forward and the LM head ran once for the shared position)."""
-    counts = [len(s.samples) for s in plan.seqs if s.is_sampled]
+    index_select; the forward and the LM head ran once for the shared position); a verify
+    row's k + 1 rows each once."""
+    counts = [c for s in plan.seqs for c in _repeats(s)]
     if all(c == 1 for c in counts):
         return logits
     rows = [i for i, c in enumerate(counts) for _ in range(c)]
     return logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
+
+
+def _repeats(chunk: SeqChunk) -> list[int]:
+    """How many sampled tokens each of the chunk's logits rows answers for."""
+    if chunk.fork_rows:
+        return [len(chunk.fork_rows)]
+    return [1] * chunk.num_logits

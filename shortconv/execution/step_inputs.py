@@ -82,7 +82,8 @@ class StepInputs:
     def _alloc(self, tokens: int, seqs: int, pages: int) -> None:
         self._cap = (tokens, seqs, pages)
         dev, pin = self.device, self.device.type == "cuda"
-        n = sum(self._layout(tokens, seqs, seqs, pages).sizes())
+        # NOTE: logits rows are at most one per token (a verify row has several), not per seq.
+        n = sum(self._layout(tokens, seqs, max(seqs, tokens), pages).sizes())
         # Pinned staging makes the copy asynchronous; its reuse waits on _copy_done.
         self.primary_host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
         self.primary = (
@@ -108,7 +109,7 @@ class StepInputs:
             raise ValueError("empty step plan")
         check_tables(seqs, self.page_size, self.num_kv_groups)
         max_l = max(s.start_pos + s.num_tokens for s in seqs)
-        sampled = sum(s.is_sampled for s in seqs)
+        sampled = sum(s.num_logits for s in seqs)
         n_tokens = sum(s.num_tokens for s in seqs)
         layout = self._layout(n_tokens, len(seqs), sampled, cdiv(max_l, self.page_size))
         self._fit(layout)

@@ -59,7 +59,9 @@ def host_values(
     logits = (
         list(range(layout.seqs))  # a bucket: every row; the runner picks the live ones
         if graph
-        else [qsl[b + 1] - 1 for b, s in enumerate(seqs) if s.is_sampled]
+        else [
+            qsl[b + 1] - s.num_logits + i for b, s in enumerate(seqs) for i in range(s.num_logits)
+        ]
     )
     w = max((cdiv(s.start_pos + s.num_tokens, page) for s in seqs), default=0)
     # NOTE: a compact table fills only [B, w] of its [B, P] field; every field but the last is

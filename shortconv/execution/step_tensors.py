@@ -35,8 +35,9 @@ class StepTensors:
     slots); has_initial_state bool [B]; seq_lens int64 [B] (context after this step);
     token_seq_index int64 [T]; slot_mapping int64 [T] (flat KV row of each new token);
     logits_indices int64 [S] (last token of sampled chunks, once per chunk: the runner
-    repeats a forking parent's logits row per fork); block_tables int32 [B, P] (each
-    row's pages, scratch page 0 past them, P = ceil(L / page_size)) with its `page_size`.
+    repeats a forking parent's logits row per fork; a verify row's last k + 1 tokens);
+    block_tables int32 [B, P] (each row's pages, scratch page 0 past them,
+    P = ceil(L / page_size)) with its `page_size`.
     The `*_cpu` tensors are host mirrors (extend steps read them). `checkpoints`: the step's
     prefix-cache checkpoints inside chunks (None on most steps, always in a captured graph).
     `slot_mapping` and `block_tables` are KV group 0's; `windows` holds the sliding-window

@@ -82,10 +82,13 @@ def plan_capacity(
     # Spare slots beyond max_num_seqs hold kept session checkpoints; prefix-cache checkpoints
     # get slots of their own on top.
     state_slots = eng.num_state_slots or 2 * eng.max_num_seqs + 1
+    # Speculation: k more per running request, the states after each verified position
+    # (cache.manager.CacheManager.spec_slots); they hold no KV pages of their own.
+    extra_slots = eng.checkpoint_slots + eng.max_num_seqs * eng.num_speculative_tokens
     groups = kv_groups(cfg)
     windowed = tuple(_window_group_pages(g.window, eng, max_len, state_slots) for g in groups[1:])
     if eng.num_kv_pages:
-        return Capacity(state_slots + eng.checkpoint_slots, eng.num_kv_pages, windowed)
+        return Capacity(state_slots + extra_slots, eng.num_kv_pages, windowed)
     hk = head_shard(cfg.num_heads, cfg.num_kv_heads, tp_size).num_kv
     per_layer_page = 2 * eng.kv_page_size * hk * cfg.head_dim * dtype.itemsize
     window_bytes = sum(
@@ -97,7 +100,7 @@ def plan_capacity(
     budget_pages = max(2, (eng.kv_cache_bytes - window_bytes) // page_bytes)
     per_seq = -(-max_len // eng.kv_page_size)
     full = int(min(1 + eng.max_num_seqs * per_seq, budget_pages))
-    return Capacity(state_slots + eng.checkpoint_slots, full, windowed)
+    return Capacity(state_slots + extra_slots, full, windowed)
 
 
 def _window_group_pages(window: int, eng: EngineConfig, max_len: int, state_slots: int) -> int:

@@ -288,6 +288,24 @@ METRICS: tuple[MetricDef, ...] = (
     _m("counter", "generation_tokens_total", "engine.generation_tokens_total", "Generated tokens."),
     _m(
         "counter",
+        "spec_decode_num_drafts_total",
+        "engine.spec_decode_num_drafts",
+        "Speculative decoding: verify rows run (a request's proposals scored in one step).",
+    ),
+    _m(
+        "counter",
+        "spec_decode_num_draft_tokens_total",
+        "engine.spec_decode_num_draft_tokens",
+        "Speculative decoding: tokens proposed (n-gram) and verified.",
+    ),
+    _m(
+        "counter",
+        "spec_decode_num_accepted_tokens_total",
+        "engine.spec_decode_num_accepted_tokens",
+        "Speculative decoding: proposed tokens accepted.",
+    ),
+    _m(
+        "counter",
         "images_encoded_total",
         "engine.images_encoded_total",
         "Images run through the vision encoder (once more after a preemption).",

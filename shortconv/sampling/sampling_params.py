@@ -56,6 +56,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     min_tokens: int = 0
     n: int = 1  # forks from one prefill, each sampled with its own generator (`fork_seed`)
+    # False: this request never speculates, even on an engine with a `speculative_config`.
+    speculative: bool = True
 
     MAX_STOP_STRINGS = 16
     MAX_LOGPROBS = 20

@@ -1,0 +1,68 @@
+"""Speculative decoding's configuration: vLLM's `--speculative-config` keys, checked at start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from shortconv.errors import ConfigError
+
+METHODS = ("ngram", "draft_model")
+SUPPORTED_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How a request's next tokens are proposed and how many each step verifies.
+
+    `method`: "ngram" (prompt lookup: the tokens that followed the latest earlier occurrence of
+    the request's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`);
+    "draft_model" is named so that a config asking for it is refused with the reason.
+    `num_speculative_tokens`: k, the most tokens proposed per request per step (the row then
+    carries k + 1 tokens)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    model: str | None = None  # draft_model: the draft checkpoint (not supported yet)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(
+                f"speculative_config.method must be one of {list(METHODS)}, got {self.method!r}"
+            )
+        if self.method not in SUPPORTED_METHODS:
+            raise ConfigError(
+                f"speculative_config.method={self.method!r} is not yet supported; "
+                f"supported: {list(SUPPORTED_METHODS)}"
+            )
+        _at_least("num_speculative_tokens", self.num_speculative_tokens, 1)
+        _at_least("prompt_lookup_min", self.prompt_lookup_min, 1)
+        _at_least("prompt_lookup_max", self.prompt_lookup_max, 1)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(
+                f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+
+    @classmethod
+    def parse(cls, value: SpeculativeConfig | Mapping[str, Any] | None) -> SpeculativeConfig | None:
+        """A config from a mapping (YAML, `LLM(speculative_config={...})`), unknown keys refused."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"speculative_config must be a mapping, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown speculative_config key(s) {unknown}; known: {sorted(known)}"
+            )
+        return cls(**value)
+
+
+def _at_least(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"speculative_config.{name} must be an integer >= {low}, got {value!r}")

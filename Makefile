@@ -45,4 +45,4 @@ serve:
 	$(VENV)/bin/serve run deployments/zaya1.yaml
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -108,6 +108,25 @@ class Sampler:
 
 def _sample(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Draw one token per row of fp32 logits `x` [R, V] (all rows non-greedy); returns [R]."""
+    probs = target_probs(x, rows)
+    # Exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) picks i with probability
+    # p_i / sum(p). Noise depends only on (seed, step, V), never on batch position, so a
+    # request reproduces its tokens after preemption or on another replica. One generator is
+    # reseeded per row; manual_seed resets its state fully, so this equals a fresh one per row.
+    noise = torch.empty_like(probs)
+    gen = torch.Generator(device=x.device)
+    for i, row in enumerate(rows):
+        gen.manual_seed(draw_seed(row.seed, row.step))
+        noise[i].exponential_(generator=gen)
+    # A zero draw would make 0/0 = NaN win argmax on a filtered token; clamping keeps filtered
+    # tokens at exactly 0 while the kept top token stays > 0.
+    return (probs / noise.clamp_min_(_TINY)).argmax(dim=-1)
+
+
+def target_probs(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """The distribution each row of fp32 logits `x` [R, V] is sampled from (controls and
+    masks already applied): temperature, then top-k / top-p / min-p zeroed out. [R, V], NOT
+    renormalised after the cut (the race does not need it; rejection sampling divides)."""
     num, vocab = x.shape
     params = [r.params for r in rows]
     use_k = any(0 < p.top_k < vocab for p in params)
@@ -151,21 +170,9 @@ def _sample(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         low = probs < min_p * probs.amax(dim=-1, keepdim=True)
         drop = low if drop is None else drop | low
     if drop is not None:
-        # No renormalisation needed: the race below is invariant to scaling a row.
+        # No renormalisation needed: the race is invariant to scaling a row.
         probs = probs.masked_fill(drop, 0.0)
-
-    # Exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) picks i with probability
-    # p_i / sum(p). Noise depends only on (seed, step, V), never on batch position, so a
-    # request reproduces its tokens after preemption or on another replica. One generator is
-    # reseeded per row; manual_seed resets its state fully, so this equals a fresh one per row.
-    noise = torch.empty_like(probs)
-    gen = torch.Generator(device=x.device)
-    for i, row in enumerate(rows):
-        gen.manual_seed(draw_seed(row.seed, row.step))
-        noise[i].exponential_(generator=gen)
-    # A zero draw would make 0/0 = NaN win argmax on a filtered token; clamping keeps filtered
-    # tokens at exactly 0 while the kept top token stays > 0.
-    return (probs / noise.clamp_min_(_TINY)).argmax(dim=-1)
+    return probs
 
 
 def _with_logprobs(

@@ -27,6 +27,15 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     model: str | None = None  # draft_model: the draft checkpoint (not supported yet)
+    # Switch-off (engine.spec_policy): no request proposes in a step whose running batch is
+    # larger than this (None: never by size); beyond it a verify row's k extra tokens make the
+    # step compute-bound, so they cost about what they save.
+    disable_by_batch_size: int | None = 32
+    # A request whose moving average of accepted / proposed falls below this stops proposing
+    # for `acceptance_backoff_steps` steps, then tries again (0.0: never). The default sits
+    # near break-even for a verify step costing 1.3x a decode step at k = 4: 0.3 / 4.
+    min_acceptance_rate: float = 0.1
+    acceptance_backoff_steps: int = 16
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -41,6 +50,10 @@ class SpeculativeConfig:
         _at_least("num_speculative_tokens", self.num_speculative_tokens, 1)
         _at_least("prompt_lookup_min", self.prompt_lookup_min, 1)
         _at_least("prompt_lookup_max", self.prompt_lookup_max, 1)
+        if self.disable_by_batch_size is not None:
+            _at_least("disable_by_batch_size", self.disable_by_batch_size, 1)
+        _fraction("min_acceptance_rate", self.min_acceptance_rate)
+        _at_least("acceptance_backoff_steps", self.acceptance_backoff_steps, 1)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError(
                 f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
@@ -66,3 +79,9 @@ class SpeculativeConfig:
 def _at_least(name: str, value: object, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ConfigError(f"speculative_config.{name} must be an integer >= {low}, got {value!r}")
+
+
+def _fraction(name: str, value: object) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+    if not ok:
+        raise ConfigError(f"speculative_config.{name} must be a number in [0, 1], got {value!r}")

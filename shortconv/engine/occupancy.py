@@ -7,8 +7,10 @@ lives in `engine.stats`, which the Serve layer imports without the engine.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from shortconv.cache.manager import CacheManager
+from shortconv.configs.speculative import METHODS
 from shortconv.engine.scheduler import Scheduler
 from shortconv.engine.stats import EngineStats
 
@@ -58,16 +60,27 @@ def engine_stats(
     )
 
 
-def _spec_stats(scheduler: Scheduler) -> dict[str, int]:
-    c = scheduler.speculator.counters
+def _spec_stats(scheduler: Scheduler) -> dict[str, Any]:
+    c, cfg = scheduler.speculator.counters, scheduler.speculator.cfg
+
+    def by_method(value: int) -> dict[str, int]:
+        return {m: value if cfg is not None and m == cfg.method else 0 for m in METHODS}
+
     return {
         "spec_decode_num_drafts": c.num_drafts,
         "spec_decode_num_draft_tokens": c.num_draft_tokens,
         "spec_decode_num_accepted_tokens": c.num_accepted_tokens,
+        "spec_decode_num_drafts_by_method": by_method(c.num_drafts),
+        "spec_decode_num_draft_tokens_by_method": by_method(c.num_draft_tokens),
+        "spec_decode_num_accepted_tokens_by_method": by_method(c.num_accepted_tokens),
+        "spec_decode_num_accepted_tokens_per_pos": {
+            str(i): n for i, n in enumerate(c.accepted_per_pos)
+        },
+        "spec_decode_accepted_lengths": tuple(c.accepted_lengths),
     }
 
 
-def _prefix_cache_stats(cm: CacheManager, checkpoint_bytes: int) -> dict[str, int]:
+def _prefix_cache_stats(cm: CacheManager, checkpoint_bytes: int) -> dict[str, Any]:
     if not cm.prefix_caching:
         return {}
     cache, c = cm.tree, cm.tree.counters

@@ -9,6 +9,7 @@ from functools import cached_property
 from shortconv.cache.prefix_cache import CacheEntry
 from shortconv.engine.images import PlacedImage, key_stream
 from shortconv.engine.outputs import FinishReason
+from shortconv.engine.spec_policy import AcceptanceTracker
 from shortconv.sampling.sampling_params import SamplingParams
 
 
@@ -48,6 +49,7 @@ class Request:
     # the last step (a verify row may add several).
     spec_slots: list[int] = field(default_factory=list)
     num_new_tokens: int = 0
+    spec_acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)  # spec_policy
     prompt_entry: CacheEntry | None = None
     # Multimodal input: the prompt's images, and the encoder-cache key of each image index the
     # runner holds (engine.encoder_planner).

@@ -241,7 +241,7 @@ class Scheduler:
     def _draft(self, req: Request, room: int) -> tuple[int, ...]:
         """A decoding request's proposals this step (engine.speculation), at most one per
         spec slot it holds."""
-        k = self.speculator.limit(req, room, self.cfg.max_model_len)
+        k = self.speculator.limit(req, room, self.cfg.max_model_len, len(self.running))
         if k < 1:
             return ()
         k = len(self.cache_manager.spec_slots(req, k))
@@ -298,7 +298,7 @@ class Scheduler:
             verify = verifying.get(rid)
             if verify is not None:
                 drawn = [tok for tok, _, _ in samples]
-                samples = samples[: self.speculator.accept(verify.token_ids[1:], drawn)]
+                samples = samples[: self.speculator.accept(req, verify.token_ids[1:], drawn)]
             reason = self._append(req, samples)
             if verify is not None:
                 kept = req.num_new_tokens  # tokens of the row folded into the state

@@ -51,6 +51,14 @@ class EngineStats:
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # The same three by proposal method (every method present, at 0 when unused); proposals
+    # accepted by position ("0" = the first proposal; one key per position up to k); and
+    # verify rows by accepted length (`[n]`: rows that kept exactly n proposals, n = 0..k).
+    spec_decode_num_drafts_by_method: dict[str, int] = field(default_factory=dict)
+    spec_decode_num_draft_tokens_by_method: dict[str, int] = field(default_factory=dict)
+    spec_decode_num_accepted_tokens_by_method: dict[str, int] = field(default_factory=dict)
+    spec_decode_num_accepted_tokens_per_pos: dict[str, int] = field(default_factory=dict)
+    spec_decode_accepted_lengths: tuple[int, ...] = ()
 
     @property
     def kv_cache_usage(self) -> float:

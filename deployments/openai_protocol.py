@@ -81,6 +81,7 @@ class _SamplingFields(IgnoredFields):
     logit_bias: dict[str, Bias] | None = Field(None, max_length=SamplingParams.MAX_LOGIT_BIAS)
     min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)  # extension (vLLM)
     skip_special_tokens: bool = True  # extension (vLLM)
+    speculative: bool = True  # extension: false keeps this request off speculative decoding
 
     @field_validator("logit_bias")
     @classmethod
@@ -122,6 +123,7 @@ class _SamplingFields(IgnoredFields):
             logit_bias=self.logit_bias,
             min_tokens=self.min_tokens,
             n=self.n,
+            speculative=self.speculative,
         )
 
     @property

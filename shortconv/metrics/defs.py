@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from shortconv.configs.speculative import METHODS
 from shortconv.engine.outputs import FinishReason
 
 if TYPE_CHECKING:
@@ -30,7 +31,11 @@ _LABEL_VALUES = {
     "phase": STEP_PHASES,
     "kind": KV_GROUP_KINDS,
     "dtype": WEIGHT_DTYPES,
+    "method": METHODS,
 }
+
+# Accepted proposals per verify row: whole numbers up to the largest k worth running.
+ACCEPTED_LENGTH_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 12.0, 16.0)
 
 # vLLM's ladders; ITL and step time get sub-10 ms buckets since a short-conv decode step is fast.
 TTFT_BUCKETS = (
@@ -289,20 +294,38 @@ METRICS: tuple[MetricDef, ...] = (
     _m(
         "counter",
         "spec_decode_num_drafts_total",
-        "engine.spec_decode_num_drafts",
+        "engine.spec_decode_num_drafts_by_method",
         "Speculative decoding: verify rows run (a request's proposals scored in one step).",
+        "method",
     ),
     _m(
         "counter",
         "spec_decode_num_draft_tokens_total",
-        "engine.spec_decode_num_draft_tokens",
-        "Speculative decoding: tokens proposed (n-gram) and verified.",
+        "engine.spec_decode_num_draft_tokens_by_method",
+        "Speculative decoding: tokens proposed and verified.",
+        "method",
     ),
     _m(
         "counter",
         "spec_decode_num_accepted_tokens_total",
-        "engine.spec_decode_num_accepted_tokens",
+        "engine.spec_decode_num_accepted_tokens_by_method",
         "Speculative decoding: proposed tokens accepted.",
+        "method",
+    ),
+    _m(
+        "counter",
+        "spec_decode_num_accepted_tokens_per_pos_total",
+        "engine.spec_decode_num_accepted_tokens_per_pos",
+        "Speculative decoding: proposals accepted at each position of a verify row "
+        "(0 = the first proposal; one series per position up to k).",
+        "position",
+    ),
+    _m(
+        "histogram",
+        "spec_decode_accepted_length",
+        "engine.spec_decode_accepted_lengths",
+        "Speculative decoding: proposals accepted per verify row (0..k).",
+        buckets=ACCEPTED_LENGTH_BUCKETS,
     ),
     _m(
         "counter",
@@ -357,12 +380,16 @@ METRICS: tuple[MetricDef, ...] = (
 BY_NAME: dict[str, MetricDef] = {m.name: m for m in METRICS}
 
 
-def initial_series(pools: Sequence[str]) -> Iterator[tuple[MetricDef, dict[str, str]]]:
-    """Every series that exists from start-up (label `pool` takes the engine's pools)."""
+def initial_series(
+    pools: Sequence[str], positions: Sequence[str] = ()
+) -> Iterator[tuple[MetricDef, dict[str, str]]]:
+    """Every series that exists from start-up (label `pool` takes the engine's pools,
+    `position` the speculative positions 0..k-1 of its config)."""
+    engine_values = {"pool": pools, "position": positions}
     for m in METRICS:
         if not m.labels:
             yield m, {}
-        for value in pools if m.labels == ("pool",) else m.label_values:
+        for value in engine_values.get(m.labels[0], m.label_values) if m.labels else ():
             yield m, {m.labels[0]: value}
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from shortconv.engine.outputs import FinishReason
 from shortconv.metrics.defs import (
+    BY_NAME,
     METRICS,
     Labels,
     MetricDef,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from shortconv.engine.stats import EngineStats, GraphStats
 
 _TTFT, _ITL, _E2E, _STEP = METRICS[-4:]  # the histograms, in table order
+_ACCEPTED_LENGTH = BY_NAME["shortconv_spec_decode_accepted_length"]
 
 
 class BaseMetricsSink(ABC):
@@ -81,7 +83,9 @@ class MetricsRecorder:
         self._itl: list[float] = []
         self._e2e: list[float] = []
         self._prev: dict[tuple[str, tuple], float] = {}
-        for metric, labels in initial_series(self.pools):
+        self._prev_lengths: tuple[int, ...] = ()
+        positions = tuple(initial.spec_decode_num_accepted_tokens_per_pos)
+        for metric, labels in initial_series(self.pools, positions):
             sink.create(metric, labels)
         self.record(initial)
 
@@ -153,6 +157,22 @@ class MetricsRecorder:
             if samples:
                 self.sink.observe(m, {}, tuple(samples))
                 samples.clear()
+        self._observe_accepted_lengths(stats.spec_decode_accepted_lengths)
+
+    def _observe_accepted_lengths(self, counts: tuple[int, ...]) -> None:
+        """The verify rows since the last push, one sample each, from the cumulative
+        counts by accepted length (the engine keeps counts, not a list of rows)."""
+        prev = self._prev_lengths
+        if len(prev) != len(counts):  # first push, or its source restarted: rebase
+            prev = (0,) * len(counts) if not prev else counts
+        new = [
+            float(n)
+            for n, (c, p) in enumerate(zip(counts, prev, strict=True))
+            for _ in range(c - p)
+        ]
+        self._prev_lengths = counts
+        if new:
+            self.sink.observe(_ACCEPTED_LENGTH, {}, tuple(new))
 
 
 class MetricsSource(Protocol):

@@ -14,7 +14,7 @@ from shortconv.engine.spec_policy import AcceptanceTracker, observe, step_allows
 from shortconv.engine.speculation import Speculator
 from shortconv.errors import ConfigError
 from shortconv.sampling.sampling_params import SamplingParams
-from tests.engine.test_spec_decode import GREEDY, PROMPTS, engine, make_ckpt, run
+from tests.engine.test_spec_decode import GREEDY, MORE_PROMPTS, PROMPTS, engine, make_ckpt, run
 
 CFG = SpeculativeConfig(
     num_speculative_tokens=4,
@@ -93,14 +93,15 @@ def test_lossless_with_switch_off_at_work(tmp_path: Path) -> None:
         "num_speculative_tokens": 3,
         "prompt_lookup_min": 1,
         "disable_by_batch_size": 1,
-        "min_acceptance_rate": 0.5,
+        "min_acceptance_rate": 0.3,
         "acceptance_backoff_steps": 2,
     }
     short = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 8)]
     params = [GREEDY, *short]  # the first runs alone once the others end
-    off = run(engine(ckpt, None), PROMPTS, params)
+    prompts = [MORE_PROMPTS[1], *PROMPTS[1:]]  # the first both keeps and rejects proposals
+    off = run(engine(ckpt, None), prompts, params)
     on_eng = engine(ckpt, spec)
-    on = run(on_eng, PROMPTS, params)
+    on = run(on_eng, prompts, params)
     assert [o.token_ids for o in on.outputs] == [o.token_ids for o in off.outputs]
     verify_steps = [p for p in on.plans if any(s.num_draft for s in p.seqs)]
     assert verify_steps, "nothing speculated: the test proves nothing"

@@ -56,6 +56,8 @@ class LLMEngine:
         eos = set(self.model_cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
+        hf = self.tokenizer.hf if self.tokenizer is not None else None
+        self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
         self.scheduler = Scheduler(
             SchedulerConfig(
                 eng.max_num_seqs,
@@ -72,13 +74,12 @@ class LLMEngine:
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),
             window_groups(self.model_cfg, self.capacity.window_pages),
+            grammar_draft=self._grammar_draft,
         )
         if (speculative := eng.speculative_config) is not None:
             k = speculative.num_speculative_tokens
             log.info("speculative decoding: method %s, k=%d", speculative.method, k)
-        hf = self.tokenizer.hf if self.tokenizer is not None else None
         self.image_spec = ImageSpec.of(self.model_cfg)  # None: a text-only model
-        self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
         self.stop_ids = tuple(sorted(eos))  # the grammar runtime's stop tokens
         self.limits = RequestLimits(
             self.model_cfg.arch,
@@ -179,6 +180,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # ---- stepping -----------------------------------------------------------------------
+    def _grammar_draft(self, req: Request, draft: tuple[int, ...]) -> int:
+        """How many of req's proposals its grammar allows (the scheduler's check)."""
+        assert req.params.grammar is not None  # NOTE: asked for constrained requests only
+        return self.grammars.allowed_draft(req.request_id, req.params.grammar, draft)
+
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         plan = self.scheduler.schedule()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -35,6 +35,15 @@ class SchedulerConfig:
     speculative: SpeculativeConfig | None = None  # None: no request speculates
 
 
+# How many leading proposals of a request its grammar allows (the engine's grammar runtime).
+GrammarDraftCheck = Callable[[Request, tuple[int, ...]], int]
+
+
+def _no_grammar_runtime(req: Request, draft: tuple[int, ...]) -> int:
+    """Without a grammar runtime, a request with a grammar proposes nothing."""
+    return 0
+
+
 class Scheduler:
     """Admits, chunks, preempts and finishes requests; their slots, pages, checkpoints and
     session pins are the cache manager's, asked on every path (finish, abort, preempt free)."""
@@ -45,8 +54,12 @@ class Scheduler:
         slots: SlotAllocator,
         pages: PageAllocator,
         windows: Sequence[WindowGroup] = (),
+        grammar_draft: GrammarDraftCheck = _no_grammar_runtime,
     ):
+        """`grammar_draft`: cuts a constrained request's proposals where its grammar forbids
+        one, before its verify row is planned (so its pages are grown for what it verifies)."""
         self.cfg = cfg
+        self.grammar_draft = grammar_draft
         self.cache_manager = CacheManager(
             slots,
             pages,
@@ -245,7 +258,10 @@ class Scheduler:
         if k < 1:
             return ()
         k = len(self.cache_manager.spec_slots(req, k))
-        return self.speculator.propose(req, k)
+        draft = self.speculator.propose(req, k)
+        if draft and req.params.grammar is not None:
+            draft = draft[: self.grammar_draft(req, draft)]
+        return draft
 
     def _verify_chunk(self, req: Request, draft: tuple[int, ...]) -> SeqChunk:
         """req's last token then its proposals, one sampling row per position; the state after

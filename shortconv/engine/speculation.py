@@ -39,9 +39,10 @@ class Speculator:
     def limit(self, req: Request, room: int, max_model_len: int) -> int:
         """The most tokens req may propose this step: k, within `room` budget tokens beyond its
         own, the positions left before `max_model_len`, and `max_tokens` (a verify row adds at
-        most k + 1 tokens); 0 for a request that does not speculate."""
+        most k + 1 tokens); 0 for a request that does not speculate. A request with a grammar
+        speculates too: the scheduler cuts the proposals its grammar forbids."""
         cfg, p = self.cfg, req.params
-        if cfg is None or not p.speculative or p.grammar is not None or not req.output_token_ids:
+        if cfg is None or not p.speculative or not req.output_token_ids:
             return 0
         left = p.max_tokens - len(req.output_token_ids) - 1
         return max(0, min(cfg.num_speculative_tokens, room, max_model_len - req.num_tokens, left))

@@ -12,6 +12,7 @@ from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.sessions import SessionPins
 from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
+from shortconv.engine.draft_proposer import DraftProposer
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.forks import seq_ids
 from shortconv.engine.images import AnyImage, ImageSpec, PlacedImage
@@ -53,6 +54,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.executor = executor
         eng = self.engine_cfg
+        draft = _build_draft(spec, self.tokenizer)
         eos = set(self.model_cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -74,11 +76,13 @@ class LLMEngine:
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),
             window_groups(self.model_cfg, self.capacity.window_pages),
+            draft,
             grammar_draft=self._grammar_draft,
         )
         if (speculative := eng.speculative_config) is not None:
-            k = speculative.num_speculative_tokens
-            log.info("speculative decoding: method %s, k=%d", speculative.method, k)
+            k, model = speculative.num_speculative_tokens, speculative.model
+            drafting = f", draft {model}" if model is not None else ""
+            log.info("speculative decoding: method %s%s, k=%d", speculative.method, drafting, k)
         self.image_spec = ImageSpec.of(self.model_cfg)  # None: a text-only model
         self.stop_ids = tuple(sorted(eos))  # the grammar runtime's stop tokens
         self.limits = RequestLimits(
@@ -353,6 +357,16 @@ def _bytes_per_slot(spec: WorkerSpec) -> int:
 
     specs = model_class(spec.model_cfg.arch).state_specs(spec.model_cfg, SINGLE)
     return sum(s.bytes_per_slot(spec.dtype.itemsize) for s in specs)
+
+
+def _build_draft(spec: WorkerSpec, tokenizer: Tokenizer | None) -> DraftProposer | None:
+    """method draft_model's proposer (the draft runs in this process: `engine.draft_model`)."""
+    speculative = spec.engine_cfg.speculative_config
+    if speculative is None or speculative.method != "draft_model":
+        return None
+    from shortconv.engine.draft_model import build_draft_proposer
+
+    return build_draft_proposer(spec, tokenizer, speculative)
 
 
 def _extra_state(cfg: ModelConfig) -> str | None:

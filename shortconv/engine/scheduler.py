@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.manager import CacheManager, StepCopies
@@ -17,6 +18,9 @@ from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
 from shortconv.engine.speculation import Speculator
+
+if TYPE_CHECKING:
+    from shortconv.engine.draft_proposer import DraftProposer
 from shortconv.sampling.sampling_row import SamplingRow, make_row
 
 
@@ -54,6 +58,7 @@ class Scheduler:
         slots: SlotAllocator,
         pages: PageAllocator,
         windows: Sequence[WindowGroup] = (),
+        draft: DraftProposer | None = None,
         grammar_draft: GrammarDraftCheck = _no_grammar_runtime,
     ):
         """`grammar_draft`: cuts a constrained request's proposals where its grammar forbids
@@ -70,7 +75,7 @@ class Scheduler:
             windows=windows,
         )
         self.encoder = EncoderPlanner()
-        self.speculator = Speculator(cfg.speculative)
+        self.speculator = Speculator(cfg.speculative, draft)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -127,6 +132,7 @@ class Scheduler:
             completed = keep_state and reason in (FinishReason.STOP, FinishReason.LENGTH)
             self.cache_manager.finish(req, completed=completed)
         self.encoder.release(req)
+        self.speculator.release(req)
         req.status, req.finish_reason = Status.FINISHED, reason
         self.requests.pop(req.request_id, None)
         self._copied_from(req)
@@ -152,6 +158,7 @@ class Scheduler:
         copies = StepCopies()
         budget = self.cfg.max_num_batched_tokens
         decoding = [r for r in self.running if r.num_tokens - r.num_computed == 1]
+        self.speculator.prepare(decoding, budget - 1, self.cfg.max_model_len)
         budget -= self._grow(decoding, budget, chunks, copies)
         cap = self.cfg.max_prefill_tokens_while_decoding
         prefill = min(budget, cap) if chunks and cap else budget
@@ -286,6 +293,7 @@ class Scheduler:
         self.running.remove(req)
         self.cache_manager.forget(req)
         self.encoder.release(req)
+        self.speculator.release(req)
         req.num_preemptions += 1
         req.status = Status.WAITING
         self.waiting.appendleft(req)

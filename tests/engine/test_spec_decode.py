@@ -230,6 +230,13 @@ def test_preemption_and_resume_while_speculating(tmp_path: Path) -> None:
     kw = {"num_kv_pages": 30, "enable_prefix_caching": False}
     ref = run(engine(ckpt, None, **kw), PROMPTS, GREEDY)
     eng = engine(ckpt, SPEC, **kw)
+    assert_same(run_preempting(eng, PROMPTS, GREEDY), ref)
+    assert_accepts_and_rejects(eng)
+    assert_nothing_held(eng)
+
+
+def run_preempting(eng: LLMEngine, prompts: Sequence[list[int]], params: SamplingParams) -> Run:
+    """`run`, asserting that some request was preempted on the way."""
     preempt, preempted = eng.scheduler._preempt, []
 
     def counting(req):  # noqa: ANN001, ANN202 - the scheduler's Request
@@ -237,11 +244,9 @@ def test_preemption_and_resume_while_speculating(tmp_path: Path) -> None:
         return preempt(req)
 
     eng.scheduler._preempt = counting  # type: ignore[method-assign]
-    ours = run(eng, PROMPTS, GREEDY)
+    ours = run(eng, prompts, params)
     assert preempted, "no preemption: the page pool is too large for this test"
-    assert_same(ours, ref)
-    assert_accepts_and_rejects(eng)
-    assert_nothing_held(eng)
+    return ours
 
 
 def test_forks_speculate_each_on_their_own_state(tmp_path: Path) -> None:

@@ -220,7 +220,7 @@ def test_no_bucket_fallbacks(prefilled):
     long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)], window_groups(runner))
     assert g.shape_for(long_seqs.decode([0])) is None
     stats = g.stats()
-    assert stats.eager_fallbacks == {"no_bucket": 1, "replay_error": 0}
+    assert stats.eager_fallbacks == {"no_bucket": 1, "mixed_width": 0, "replay_error": 0}
     assert stats.replays == 0
 
 

@@ -9,6 +9,7 @@ runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -48,6 +49,7 @@ def fetch_sdist() -> Path:
     :all:`: that prepares the sdist's metadata, and the flag makes pip build every build
     dependency (scikit-build-core, hatchling, setuptools, ...) from source first, recursively."""
     name = f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    CACHE.mkdir(parents=True, exist_ok=True)
     out = CACHE / name
     if out.is_file():
         return out
@@ -62,8 +64,41 @@ def fetch_sdist() -> Path:
     return out
 
 
-def build_server(jobs: int) -> Path:
-    """Download the sdist, unpack it, build the `llama-server` target only (Release, native)."""
+# cpuinfo flag -> ggml's CMake option. The build is not `GGML_NATIVE`: -march=native turns on
+# AMX wherever the CPU flags advertise it, and on VMs that advertise AMX without running it a
+# native build died with "Illegal instruction" on Q8_0. So each ISA extension is named from the
+# flags, and AMX stays off.
+_ISA_OPTIONS = {
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "bmi2": "GGML_BMI2",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
+
+
+def build_options() -> list[str]:
+    """CMake -D options for this CPU: its ISA extensions on, AMX off, native detection off."""
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    opts = ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF"]
+    opts += [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in _ISA_OPTIONS.items()]
+    opts += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    return opts
+
+
+def build_server(jobs: int, targets: tuple[str, ...] = ("llama-server",)) -> Path:
+    """Download the sdist, unpack it, build `targets` only (Release, `build_options()`);
+    returns llama-server's path (the other targets land beside it)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     if not source_dir().is_dir():
         sdist = fetch_sdist()
@@ -71,8 +106,8 @@ def build_server(jobs: int) -> Path:
             tar.extractall(CACHE, filter="data")
     src, build = source_dir(), source_dir() / "build"
     configure = ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
-    subprocess.run([*configure, "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON"], check=True)
-    target = ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)]
+    subprocess.run([*configure, *build_options()], check=True)
+    target = ["cmake", "--build", str(build), "--target", *targets, "-j", str(jobs)]
     subprocess.run(target, check=True)
     return built_server()
 

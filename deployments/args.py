@@ -69,6 +69,9 @@ class AppArgs(EngineArgs):
     its own that the replica spawns and owns (deployments/engine_core.py), so no Serve event
     loop shares its GIL; False steps it on a thread of the replica. tp_size > 1 keeps the
     thread for now (the TP driver needs the replica's Ray runtime).
+    `engine_niceness`: the core process's nice value. Ray starts its workers, so the replica and
+    anything it spawns, at nice 15; the core moves itself here first thing
+    (workers/process_priority.py: needs CAP_SYS_NICE to go lower, else it logs why it could not).
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/app.py, so a YAML sets a `deployments:` entry only to override one of them.
@@ -95,6 +98,7 @@ class AppArgs(EngineArgs):
     images: ImageLimits = ImageLimits()  # chat image parts (deployments/image_limits.py)
     gil_switch_interval_ms: float = Field(0.5, gt=0, le=100)
     engine_process: bool = True
+    engine_niceness: int = Field(0, ge=-20, le=19)
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> AppArgs:

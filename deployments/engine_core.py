@@ -36,6 +36,7 @@ from deployments.engine_types import CoreOutput, Delta, EngineLike, delta_of, ex
 from deployments.metrics_relay import RelaySink
 from shortconv.engine.outputs import FinishReason
 from shortconv.metrics.recorder import attach_metrics
+from workers.process_priority import set_niceness
 from workers.startup import PhaseClock
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,11 @@ def run_core(conn: Connection) -> None:
     engine: EngineLike | None = None
     try:
         start: Start = recv(conn)
+        args = AppArgs.model_validate(start.args)
+        # NOTE: before torch's OpenMP pool starts: its threads inherit this one's niceness.
+        set_niceness(args.engine_niceness, "the engine core")
         torch.set_num_threads(start.threads)  # the replica's CPU reservation, decided there
-        engine = make_engine(AppArgs.model_validate(start.args), start.factory, clock)
+        engine = make_engine(args, start.factory, clock)
         relay = RelaySink()
         attach_metrics(engine, relay)
         core = EngineCore(conn, engine, relay)

@@ -9,7 +9,7 @@ from typing import Any
 from shortconv.errors import ConfigError
 
 METHODS = ("ngram", "draft_model")
-SUPPORTED_METHODS = ("ngram",)
+SUPPORTED_METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,8 @@ class SpeculativeConfig:
 
     `method`: "ngram" (prompt lookup: the tokens that followed the latest earlier occurrence of
     the request's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`);
-    "draft_model" is named so that a config asking for it is refused with the reason.
+    "draft_model" (a smaller checkpoint with the target's tokenizer, at `model`, proposes k
+    tokens greedily: `engine.draft_proposer`).
     `num_speculative_tokens`: k, the most tokens proposed per request per step (the row then
     carries k + 1 tokens)."""
 
@@ -26,7 +27,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    model: str | None = None  # draft_model: the draft checkpoint (not supported yet)
+    model: str | None = None  # draft_model: the draft checkpoint's directory
     # Switch-off (engine.spec_policy): no request proposes in a step whose running batch is
     # larger than this (None: never by size); beyond it a verify row's k extra tokens make the
     # step compute-bound, so they cost about what they save.
@@ -46,6 +47,11 @@ class SpeculativeConfig:
             raise ConfigError(
                 f"speculative_config.method={self.method!r} is not yet supported; "
                 f"supported: {list(SUPPORTED_METHODS)}"
+            )
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ConfigError(
+                "speculative_config.model (the draft checkpoint) is required by method "
+                f"'draft_model' and taken by no other; method={self.method!r}, model={self.model!r}"
             )
         _at_least("num_speculative_tokens", self.num_speculative_tokens, 1)
         _at_least("prompt_lookup_min", self.prompt_lookup_min, 1)

@@ -12,6 +12,7 @@ from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.sessions import SessionPins
 from shortconv.cache.window_pages import window_groups
 from shortconv.configs.config import ModelConfig
+from shortconv.engine.draft_proposer import DraftProposer
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.forks import seq_ids
 from shortconv.engine.images import AnyImage, ImageSpec, PlacedImage
@@ -53,9 +54,12 @@ class LLMEngine:
         self._ids = itertools.count()
         self.executor = executor
         eng = self.engine_cfg
+        draft = _build_draft(spec, self.tokenizer)
         eos = set(self.model_cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
+        hf = self.tokenizer.hf if self.tokenizer is not None else None
+        self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
         self.scheduler = Scheduler(
             SchedulerConfig(
                 eng.max_num_seqs,
@@ -72,13 +76,14 @@ class LLMEngine:
             SlotAllocator(self.capacity.num_slots),
             PageAllocator(self.capacity.num_pages),
             window_groups(self.model_cfg, self.capacity.window_pages),
+            draft,
+            grammar_draft=self._grammar_draft,
         )
         if (speculative := eng.speculative_config) is not None:
-            k = speculative.num_speculative_tokens
-            log.info("speculative decoding: method %s, k=%d", speculative.method, k)
-        hf = self.tokenizer.hf if self.tokenizer is not None else None
+            k, model = speculative.num_speculative_tokens, speculative.model
+            drafting = f", draft {model}" if model is not None else ""
+            log.info("speculative decoding: method %s%s, k=%d", speculative.method, drafting, k)
         self.image_spec = ImageSpec.of(self.model_cfg)  # None: a text-only model
-        self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
         self.stop_ids = tuple(sorted(eos))  # the grammar runtime's stop tokens
         self.limits = RequestLimits(
             self.model_cfg.arch,
@@ -179,6 +184,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # ---- stepping -----------------------------------------------------------------------
+    def _grammar_draft(self, req: Request, draft: tuple[int, ...]) -> int:
+        """How many of req's proposals its grammar allows (the scheduler's check)."""
+        assert req.params.grammar is not None  # NOTE: asked for constrained requests only
+        return self.grammars.allowed_draft(req.request_id, req.params.grammar, draft)
+
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         plan = self.scheduler.schedule()
@@ -347,6 +357,16 @@ def _bytes_per_slot(spec: WorkerSpec) -> int:
 
     specs = model_class(spec.model_cfg.arch).state_specs(spec.model_cfg, SINGLE)
     return sum(s.bytes_per_slot(spec.dtype.itemsize) for s in specs)
+
+
+def _build_draft(spec: WorkerSpec, tokenizer: Tokenizer | None) -> DraftProposer | None:
+    """method draft_model's proposer (the draft runs in this process: `engine.draft_model`)."""
+    speculative = spec.engine_cfg.speculative_config
+    if speculative is None or speculative.method != "draft_model":
+        return None
+    from shortconv.engine.draft_model import build_draft_proposer
+
+    return build_draft_proposer(spec, tokenizer, speculative)
 
 
 def _extra_state(cfg: ModelConfig) -> str | None:

@@ -114,6 +114,19 @@ class StepPlan:
         """Every row is one token resuming kept state: the graph-capturable shape."""
         return all(s.num_tokens == 1 and s.start_pos > 0 for s in self.seqs)
 
+    @property
+    def is_verify(self) -> bool:
+        """Some row verifies proposals and every row is a decode or verify row (its last token
+        then its proposals, resuming kept state, its only checkpoints its spec slots): the
+        shape the graph runner's verify ladder captures."""
+        return any(s.num_draft for s in self.seqs) and all(
+            s.start_pos > 0
+            and s.sampling is not None
+            and s.num_tokens == 1 + s.num_draft
+            and len(s.checkpoints) == s.num_draft
+            for s in self.seqs
+        )
+
 
 @dataclass(frozen=True)
 class StepResult:

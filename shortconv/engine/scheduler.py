@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.manager import CacheManager, StepCopies
@@ -17,6 +18,9 @@ from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
 from shortconv.engine.speculation import Speculator
+
+if TYPE_CHECKING:
+    from shortconv.engine.draft_proposer import DraftProposer
 from shortconv.sampling.sampling_row import SamplingRow, make_row
 
 
@@ -35,6 +39,15 @@ class SchedulerConfig:
     speculative: SpeculativeConfig | None = None  # None: no request speculates
 
 
+# How many leading proposals of a request its grammar allows (the engine's grammar runtime).
+GrammarDraftCheck = Callable[[Request, tuple[int, ...]], int]
+
+
+def _no_grammar_runtime(req: Request, draft: tuple[int, ...]) -> int:
+    """Without a grammar runtime, a request with a grammar proposes nothing."""
+    return 0
+
+
 class Scheduler:
     """Admits, chunks, preempts and finishes requests; their slots, pages, checkpoints and
     session pins are the cache manager's, asked on every path (finish, abort, preempt free)."""
@@ -45,8 +58,13 @@ class Scheduler:
         slots: SlotAllocator,
         pages: PageAllocator,
         windows: Sequence[WindowGroup] = (),
+        draft: DraftProposer | None = None,
+        grammar_draft: GrammarDraftCheck = _no_grammar_runtime,
     ):
+        """`grammar_draft`: cuts a constrained request's proposals where its grammar forbids
+        one, before its verify row is planned (so its pages are grown for what it verifies)."""
         self.cfg = cfg
+        self.grammar_draft = grammar_draft
         self.cache_manager = CacheManager(
             slots,
             pages,
@@ -57,7 +75,7 @@ class Scheduler:
             windows=windows,
         )
         self.encoder = EncoderPlanner()
-        self.speculator = Speculator(cfg.speculative)
+        self.speculator = Speculator(cfg.speculative, draft)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -114,6 +132,7 @@ class Scheduler:
             completed = keep_state and reason in (FinishReason.STOP, FinishReason.LENGTH)
             self.cache_manager.finish(req, completed=completed)
         self.encoder.release(req)
+        self.speculator.release(req)
         req.status, req.finish_reason = Status.FINISHED, reason
         self.requests.pop(req.request_id, None)
         self._copied_from(req)
@@ -139,6 +158,7 @@ class Scheduler:
         copies = StepCopies()
         budget = self.cfg.max_num_batched_tokens
         decoding = [r for r in self.running if r.num_tokens - r.num_computed == 1]
+        self.speculator.prepare(decoding, budget - 1, self.cfg.max_model_len, len(self.running))
         budget -= self._grow(decoding, budget, chunks, copies)
         cap = self.cfg.max_prefill_tokens_while_decoding
         prefill = min(budget, cap) if chunks and cap else budget
@@ -245,7 +265,10 @@ class Scheduler:
         if k < 1:
             return ()
         k = len(self.cache_manager.spec_slots(req, k))
-        return self.speculator.propose(req, k)
+        draft = self.speculator.propose(req, k)
+        if draft and req.params.grammar is not None:
+            draft = draft[: self.grammar_draft(req, draft)]
+        return draft
 
     def _verify_chunk(self, req: Request, draft: tuple[int, ...]) -> SeqChunk:
         """req's last token then its proposals, one sampling row per position; the state after
@@ -270,6 +293,7 @@ class Scheduler:
         self.running.remove(req)
         self.cache_manager.forget(req)
         self.encoder.release(req)
+        self.speculator.release(req)
         req.num_preemptions += 1
         req.status = Status.WAITING
         self.waiting.appendleft(req)

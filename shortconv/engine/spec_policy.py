@@ -25,10 +25,10 @@ EMA_WEIGHT = 0.3
 @dataclass
 class AcceptanceTracker:
     """One request's recent acceptance (starts optimistic: a new request proposes) and the
-    steps it still sits out."""
+    scheduler step from which it proposes again."""
 
     rate: float = 1.0
-    paused: int = 0
+    paused_until: int = 0
 
 
 def step_allows(cfg: SpeculativeConfig, num_running: int) -> bool:
@@ -36,21 +36,20 @@ def step_allows(cfg: SpeculativeConfig, num_running: int) -> bool:
     return cfg.disable_by_batch_size is None or num_running <= cfg.disable_by_batch_size
 
 
-def request_allows(tracker: AcceptanceTracker) -> bool:
-    """Whether the request may propose this step; a paused one counts down its pause."""
-    if tracker.paused > 0:
-        tracker.paused -= 1
-        return False
-    return True
+def request_allows(tracker: AcceptanceTracker, step: int) -> bool:
+    """Whether the request may propose in scheduler step `step` (pure: asked more than once
+    a step, by the draft model's batch and by the row planner)."""
+    return step >= tracker.paused_until
 
 
 def observe(
-    cfg: SpeculativeConfig, tracker: AcceptanceTracker, proposed: int, accepted: int
+    cfg: SpeculativeConfig, tracker: AcceptanceTracker, proposed: int, accepted: int, step: int
 ) -> None:
-    """Fold one verify row into the average; pause the request when it drops below the bar."""
+    """Fold step `step`'s verify row into the average; below the bar, the request sits out
+    the next `acceptance_backoff_steps` steps."""
     if proposed < 1:
         return
     tracker.rate += EMA_WEIGHT * (accepted / proposed - tracker.rate)
     if tracker.rate < cfg.min_acceptance_rate:
-        tracker.paused = cfg.acceptance_backoff_steps
+        tracker.paused_until = step + cfg.acceptance_backoff_steps + 1
         tracker.rate = cfg.min_acceptance_rate  # the probe after the pause decides again

@@ -73,7 +73,8 @@ class GraphStats:
     capture_seconds: float
     replays: int
     replay_failures: dict[str, int]  # by phase: prepare | replay
-    eager_fallbacks: dict[str, int]  # by reason: no_bucket | replay_error
+    eager_fallbacks: dict[str, int]  # by reason: no_bucket | mixed_width | replay_error
+    verify_replays: int = 0  # of `replays`, those of verify steps (speculative decoding)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Graph-captured decode over a ladder of (batch, context) buckets.
+"""Graph-captured decode and verify over ladders of (batch, context) buckets.
 
 Every decode step is padded to a bucket: B = the smallest `graph_batch_sizes` entry >= its
 rows, L = the smallest context bucket >= its longest context. Rows past the plan are scratch
@@ -19,14 +19,28 @@ construction (`kernels.dispatch.attention_context_buckets`):
   one context bucket, the engine's KV-capped max_model_len, covers every
   decode step: one graph per batch bucket, and no decode step falls back for its length.
 
+Verify steps (speculative decoding, up to k proposals a row) have their own ladders: the same
+(batch, context) buckets at each width 2..k + 1, every row of a bucket that many tokens. A
+verify row is an extend row (the conv and attention extend kernels, `max_query_len` = its width:
+static) that also writes its spec-slot checkpoints (`execution/state_checkpoints`); those slot
+ids live in the bucket's primary block, rewritten in place by every refresh, so the captured
+region reads them like the rest of the step. Only steps whose rows all have one width replay
+(batch 1 always does): a row is not padded to a wider bucket, because tokens past a row's own
+would advance its live conv state past them. A step that mixes widths (a plain decode row beside
+a verify row, rows with different numbers of proposals) runs eagerly, counted as `mixed_width`.
+Decode-only steps keep the width-1 ladder: padding a decode row to k + 1 tokens would cost every
+decode step (k + 1)x the tokens. The price is k + 1 ladders of graphs instead of one (capture
+time and, on CUDA, graph memory; the step buffers are shared).
+
 On CUDA each shape is captured once at start-up (largest first, one shared memory pool) and
 replayed; on CPU "capture" only prepares the bucket's views and a replay runs the same forward
 eagerly on them, so CI tests the same buffer, padding and refresh protocol.
 
 Replay failures. The metadata refresh runs before anything touches state; a failure there
 changes nothing. Before a replay the runner snapshots every state kind (conv, ZAYA1's
-prev_state) of the step's slots; if the replay raises (on CPU possibly after some layers
-updated state in place) those slots are restored and the step is recomputed eagerly. KV pages
+prev_state) of the step's slots, a verify step's spec slots included; if the replay raises
+(on CPU possibly after some layers updated state in place) those slots are restored and the
+step is recomputed eagerly. KV pages
 need no snapshot: a step writes only its rows' new positions, and the eager recompute rewrites
 each of them before any attention reads it. Not covered: asynchronous device faults (a sticky
 CUDA error leaves no usable context; the step raises). With tp_size > 1 a failed rank restores
@@ -56,7 +70,7 @@ from shortconv.kernels.dispatch import attention_context_buckets, resolve_backen
 log = logging.getLogger(__name__)
 
 FAILURE_PHASES = ("prepare", "replay")
-FALLBACK_REASONS = ("no_bucket", "replay_error")
+FALLBACK_REASONS = ("no_bucket", "mixed_width", "replay_error")
 
 
 @dataclass(frozen=True)
@@ -104,10 +118,12 @@ class GraphRunner:
         ladder = context_buckets(engine_cfg.graph_context_sizes, max_model_len)
         self.context_sizes = attention_context_buckets(self.device, ladder, max_model_len)
         self.inputs = backend.inputs
+        # NOTE: bound once: the widest verify ladder (1: no speculation, decode only).
+        self.verify_width = engine_cfg.num_speculative_tokens + 1
         # Room for every bucket and every eager step before anything is captured.
         b = self.batch_sizes[-1]
         self.inputs.reserve(
-            max(engine_cfg.max_num_batched_tokens, b),
+            max(engine_cfg.max_num_batched_tokens, b * self.verify_width),
             max(engine_cfg.max_num_seqs, b),
             max(max_model_len, self.context_sizes[-1]),
         )
@@ -118,25 +134,29 @@ class GraphRunner:
         self._outputs: dict[DecodeShape, torch.Tensor] = {}
         self._ready: set[DecodeShape] = set()
         self._replays = 0
+        self._verify_replays = 0
         self._failures = dict.fromkeys(FAILURE_PHASES, 0)
         self._fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
         self._capture_seconds = 0.0
 
     # ---- start-up -----------------------------------------------------------------------
     def shapes(self) -> list[DecodeShape]:
-        """Every captured shape, largest first (the order they are captured in)."""
+        """Every captured shape, largest first (the order they are captured in): the verify
+        ladder's, then the decode ladder's."""
         batches, contexts = self.batch_sizes[::-1], self.context_sizes[::-1]
-        return [DecodeShape(b, c) for b in batches for c in contexts]
+        widths = range(self.verify_width, 0, -1)
+        return [DecodeShape(b, c, w) for w in widths for b in batches for c in contexts]
 
     @torch.inference_mode()
     def capture(self) -> None:
         shapes = self.shapes()
         pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         log.info(
-            "capturing %d decode graphs: batch sizes %s x context sizes %s (%s kernels)",
+            "capturing %d graphs: batch sizes %s x context sizes %s x widths %s (%s kernels)",
             len(shapes),
             list(self.batch_sizes),
             list(self.context_sizes),
+            list(range(1, self.verify_width + 1)),
             resolve_backend(self.device),
         )
         start = time.perf_counter()
@@ -148,18 +168,19 @@ class GraphRunner:
             self._ready.add(shape)
             now = time.perf_counter()
             log.info(
-                "decode graph %d/%d (batch %d, context %d) %s in %.1f ms, elapsed %.2f s",
+                "graph %d/%d (batch %d, context %d, width %d) %s in %.1f ms, elapsed %.2f s",
                 k,
                 len(shapes),
                 shape.batch,
                 shape.context,
+                shape.width,
                 "captured" if self.use_cuda_graphs else "prepared",
                 1e3 * (now - t0),
                 now - start,
             )
         self.inputs.freeze()
         self._capture_seconds = time.perf_counter() - start
-        log.info("%d decode graphs ready in %.2f s", len(shapes), self._capture_seconds)
+        log.info("%d graphs ready in %.2f s", len(shapes), self._capture_seconds)
 
     def _capture_cuda(self, shape: DecodeShape, pool: tuple[int, int] | None) -> None:
         self.inputs.refresh(None, shape)  # all scratch rows: warm-up touches no live state
@@ -174,27 +195,34 @@ class GraphRunner:
                 out = self._forward(shape)
         except Exception as exc:
             raise RuntimeError(
-                f"decode graph capture failed for batch {shape.batch}, context "
-                f"{shape.context}: {exc}. Start with enable_graphs=False to run eagerly."
+                f"graph capture failed for batch {shape.batch}, context {shape.context}, "
+                f"width {shape.width}: {exc}. Start with enable_graphs=False to run eagerly."
             ) from exc
         self._graphs[shape], self._outputs[shape] = graph, out
 
     # ---- stepping -----------------------------------------------------------------------
     def shape_for(self, plan: StepPlan) -> DecodeShape | None:
-        """The bucket a decode plan pads to, or None when it exceeds the ladder."""
-        rows = len(plan.seqs)
+        """The bucket a plan of one row width pads to, or None when it exceeds the ladder."""
+        rows, width = len(plan.seqs), plan.seqs[0].num_tokens
         ctx = max(s.start_pos + s.num_tokens for s in plan.seqs)
         b = next((x for x in self.batch_sizes if x >= rows), None)
         c = next((x for x in self.context_sizes if x >= ctx), None)
-        if b is None or c is None or DecodeShape(b, c) not in self._ready:
+        if b is None or c is None or DecodeShape(b, c, width) not in self._ready:
             return None
-        return DecodeShape(b, c)
+        return DecodeShape(b, c, width)
+
+    def accepts(self, plan: StepPlan) -> bool:
+        """A plan this runner takes: decode rows, or verify rows (mixed widths included)."""
+        return bool(plan.seqs) and (plan.is_decode or plan.is_verify) and not plan.has_images
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> DecodeOutput:
-        """One decode step: replay its bucket, or run eagerly (counted) when none fits."""
-        if not plan.seqs or not plan.is_decode:
-            raise ValueError("GraphRunner.run takes non-empty decode plans only")
+        """One decode or verify step: replay its bucket, or run eagerly (counted) when none
+        fits."""
+        if not self.accepts(plan):
+            raise ValueError("GraphRunner.run takes non-empty decode or verify plans only")
+        if len({s.num_tokens for s in plan.seqs}) > 1:
+            return self._eager(plan, "mixed_width")
         shape = self.shape_for(plan)
         if shape is None:
             return self._eager(plan, "no_bucket")
@@ -208,7 +236,8 @@ class GraphRunner:
         except Exception as exc:
             return self._failed(plan, "replay", exc, snapshot)
         self._replays += 1
-        return DecodeOutput(_sampled_rows(hidden, plan), True)
+        self._verify_replays += shape.width > 1
+        return DecodeOutput(_sampled_rows(hidden, plan, shape.width), True)
 
     def _replay(self, shape: DecodeShape) -> torch.Tensor:
         if not self.use_cuda_graphs:
@@ -238,8 +267,12 @@ class GraphRunner:
 
     def _snapshot(self, shape: DecodeShape) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # Pad rows repeat slot 0; their copies are taken at one instant, so restoring them all
-        # writes one identical value and stays deterministic.
-        slots = self.inputs.graph_step(shape).cache_indices.clone()
+        # writes one identical value and stays deterministic. A verify step also writes its
+        # spec slots (their checkpoints): those are snapshotted with the live ones.
+        step = self.inputs.graph_step(shape)
+        ck = step.checkpoints
+        slots = step.cache_indices if ck is None else torch.cat([step.cache_indices, ck.slot])
+        slots = slots.clone()
         return slots, {k: t.index_select(1, slots) for k, t in self.pool.states.items()}
 
     def _restore(self, snapshot: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> None:
@@ -280,13 +313,18 @@ class GraphRunner:
             num_graphs=len(self._ready),
             capture_seconds=self._capture_seconds,
             replays=self._replays,
+            verify_replays=self._verify_replays,
             replay_failures=dict(self._failures),
             eager_fallbacks=dict(self._fallbacks),
         )
 
 
-def _sampled_rows(hidden: torch.Tensor, plan: StepPlan) -> torch.Tensor:
-    rows = [i for i, s in enumerate(plan.seqs) if s.is_sampled]
+def _sampled_rows(hidden: torch.Tensor, plan: StepPlan, width: int) -> torch.Tensor:
+    """The hidden rows the plan samples: a decode row's one token, a verify row's k + 1 (the
+    bucket's row b starts at token b * width)."""
+    rows = [
+        b * width + i for b, s in enumerate(plan.seqs) for i in range(width - s.num_logits, width)
+    ]
     if rows == list(range(len(rows))):
         return hidden[: len(rows)]  # the usual decode step: every live row samples
     return hidden[torch.tensor(rows, dtype=torch.int64, device=hidden.device)]

@@ -122,7 +122,7 @@ class ModelRunner:
             self.pool.copy_pages(self._ids(pairs, 0), self._ids(pairs, 1), group)
         encoder_before = self.images.seconds if self.images is not None else 0.0
         encoder_s = 0.0  # this step's encoder time (a step with images only)
-        if self.graphs is not None and plan.seqs and plan.is_decode and not plan.has_images:
+        if self.graphs is not None and self.graphs.accepts(plan):
             decoded = self.graphs.run(plan)
             hidden_rows, used_graph = decoded.hidden, decoded.used_graph
         else:

@@ -6,7 +6,8 @@
   (a graph bucket's; an eager step has none), into ONE flat int64 staging block, then one copy
   to the device block. Layout (`step_layout.StepLayout`): input_ids, positions,
   token_seq_index, slot_mapping [T]; cache_indices, seq_lens, has_initial_state [B];
-  query_start_loc [B+1]; logits_indices [S]; the table width w; the compact block table [B, w]
+  query_start_loc [B+1]; logits_indices [S]; a verify bucket's checkpoints [3N]; the table
+  width w; the compact block table [B, w]
   (only the pages the plan's longest context covers, so a wide bucket costs a short step
   nothing extra); then per sliding-window KV group (`cache.kv_groups` 1..) its slot_mapping
   [T] and compact table [B, w] (the same w).
@@ -16,8 +17,11 @@
   The graph runner calls it INSIDE the captured region, so no replay reads a stale (or
   uninitialised) derived buffer.
 
-An eager step (`build`) takes views sized to itself; a decode bucket (`graph_step`, `refresh`,
-`derive`) views the same buffers at the bucket's size, the same objects on every replay.
+An eager step (`build`) takes views sized to itself; a graph bucket (`graph_step`, `refresh`,
+`derive`) views the same buffers at the bucket's size, the same objects on every replay. A
+verify bucket (width k + 1, speculative decoding) has B rows of exactly k + 1 tokens and its
+N = B * k spec-slot checkpoints in the primary block, so their slot ids are static buffers
+that every replay rewrites in place (`step_layout`).
 
 Padding contract (docs/architecture.md): rows past the plan are scratch rows: token 0, position
 0, slot 0, an all-zero block table (page 0); their KV write and state updates land in the
@@ -40,10 +44,17 @@ _Fields = dict[str, torch.Tensor]  # a step's primary fields, views of one flat 
 
 @dataclass(frozen=True)
 class DecodeShape:
-    """One captured decode shape: `batch` rows (bucket) attending over `context` positions."""
+    """One captured shape: `batch` rows (bucket) of `width` tokens each attending over
+    `context` positions. Width 1 is a decode step; width k + 1 a verify step, whose rows
+    each write k spec-slot checkpoints."""
 
     batch: int
     context: int
+    width: int = 1
+
+    @property
+    def num_checkpoints(self) -> int:
+        return self.batch * (self.width - 1)
 
 
 class StepInputs:
@@ -82,8 +93,9 @@ class StepInputs:
     def _alloc(self, tokens: int, seqs: int, pages: int) -> None:
         self._cap = (tokens, seqs, pages)
         dev, pin = self.device, self.device.type == "cuda"
-        # NOTE: logits rows are at most one per token (a verify row has several), not per seq.
-        n = sum(self._layout(tokens, seqs, max(seqs, tokens), pages).sizes())
+        # NOTE: logits rows are at most one per token (a verify row has several), not per seq;
+        # so are a verify bucket's checkpoints (k per k + 1 tokens).
+        n = sum(self._layout(tokens, seqs, max(seqs, tokens), pages, tokens).sizes())
         # Pinned staging makes the copy asynchronous; its reuse waits on _copy_done.
         self.primary_host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
         self.primary = (
@@ -138,25 +150,35 @@ class StepInputs:
             self._fit(layout)
             dev, host = self._split(self.primary, layout), self._split(self.primary_host, layout)
             step = self._view(
-                layout, dev, host, max_query_len=1, max_seq_len=shape.context, is_decode=True
+                layout,
+                dev,
+                host,
+                max_query_len=shape.width,
+                max_seq_len=shape.context,
+                is_decode=shape.width == 1,
+                checkpoints=_static_checkpoints(dev["ck"], shape.num_checkpoints),
             )
             self._graph_steps[shape] = step, dev
         return self._graph_steps[shape]
 
     def refresh(self, plan: StepPlan | None, shape: DecodeShape) -> None:
-        """Write a decode plan (None: all scratch rows) into the bucket's primary fields.
+        """Write a decode or verify plan (None: all scratch rows) into the bucket's primary
+        fields.
 
         Raises ValueError, before touching any buffer, when the plan does not fit the bucket or
         a block table is shorter than its sequence needs.
         """
         seqs = plan.seqs if plan is not None else ()
-        if len(seqs) > shape.batch or any(s.num_tokens != 1 or s.start_pos < 1 for s in seqs):
-            raise ValueError(f"not a decode plan of at most {shape.batch} rows")
+        w = shape.width
+        if len(seqs) > shape.batch or any(
+            s.num_tokens != w or s.start_pos < 1 or len(s.checkpoints) != w - 1 for s in seqs
+        ):
+            raise ValueError(f"not a plan of at most {shape.batch} rows of width {w}")
         check_tables(seqs, self.page_size, self.num_kv_groups)
         for s in seqs:
-            if s.start_pos + 1 > shape.context:
+            if s.start_pos + w > shape.context:
                 raise ValueError(
-                    f"request {s.request_id}: context {s.start_pos + 1} does not fit the "
+                    f"request {s.request_id}: context {s.start_pos + w} does not fit the "
                     f"bucket ({shape.context})"
                 )
         self.graph_step(shape)
@@ -168,11 +190,14 @@ class StepInputs:
         self._derive(step, dev, known_width=False)
 
     def _graph_layout(self, shape: DecodeShape) -> StepLayout:
-        b = shape.batch
-        return self._layout(b, b, b, cdiv(shape.context, self.page_size))
+        b, t = shape.batch, shape.batch * shape.width
+        pages = cdiv(shape.context, self.page_size)
+        return self._layout(t, b, b, pages, shape.num_checkpoints)
 
-    def _layout(self, tokens: int, seqs: int, sampled: int, pages: int) -> StepLayout:
-        return StepLayout(tokens, seqs, sampled, pages, self.num_kv_groups)
+    def _layout(
+        self, tokens: int, seqs: int, sampled: int, pages: int, checkpoints: int = 0
+    ) -> StepLayout:
+        return StepLayout(tokens, seqs, sampled, pages, self.num_kv_groups, checkpoints)
 
     # ---- the one code path ----------------------------------------------------------------
     def _write(self, seqs: tuple[SeqChunk, ...], layout: StepLayout, graph: bool) -> _Fields:
@@ -265,3 +290,11 @@ class StepInputs:
         pages_of = torch.take(compact, src)
         # NOTE: int64 -> int32 on the copy: the paged kernels' page table.
         dest.copy_(torch.where(inside, pages_of, torch.zeros_like(pages_of)))
+
+
+def _static_checkpoints(flat: torch.Tensor, n: int) -> StateCheckpoints | None:
+    """A verify bucket's checkpoint rows, lengths and slots: views of its primary block."""
+    if n == 0:
+        return None
+    seq, length, slot = flat.split(n)
+    return StateCheckpoints(seq, length, slot)

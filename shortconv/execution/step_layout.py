@@ -2,7 +2,8 @@
 them into one flat int64 staging block, then one copy to the device).
 
 Fields, in order: input_ids, positions, token_seq_index, slot_mapping [T]; cache_indices,
-seq_lens, has_initial_state [B]; query_start_loc [B+1]; logits_indices [S]; the table width w;
+seq_lens, has_initial_state [B]; query_start_loc [B+1]; logits_indices [S]; a captured verify
+step's checkpoints [3N] (batch rows, lengths, slots; N = 0 elsewhere); the table width w;
 the compact block table; then per sliding-window KV group its slot_mapping [T] and compact
 table. A compact table is [B, w]; every table but the block's last is padded to its [B, P]
 field, so the fields after it stay where the layout puts them.
@@ -16,7 +17,20 @@ from itertools import accumulate
 from shortconv.cache.allocators import SCRATCH_PAGE, SCRATCH_SLOT
 from shortconv.engine.plan import SeqChunk
 
-FIELDS = ("ids", "pos", "tok", "kv", "slot", "len", "init", "qsl", "logits", "width", "tables")
+FIELDS = (
+    "ids",
+    "pos",
+    "tok",
+    "kv",
+    "slot",
+    "len",
+    "init",
+    "qsl",
+    "logits",
+    "ck",
+    "width",
+    "tables",
+)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -25,19 +39,21 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class StepLayout:
-    """A step's extents: T tokens, B rows, S sampled rows, P block-table columns, and the
-    number of KV groups (each past the first adds a slot mapping and a table)."""
+    """A step's extents: T tokens, B rows, S sampled rows, P block-table columns, the number
+    of KV groups (each past the first adds a slot mapping and a table) and N, the checkpoints
+    a captured verify step carries in the block (an eager step packs its own: N = 0)."""
 
     tokens: int
     seqs: int
     sampled: int
     pages: int
     groups: int = 1
+    checkpoints: int = 0
 
     def sizes(self) -> list[int]:
-        t, b = self.tokens, self.seqs
+        t, b, n = self.tokens, self.seqs, self.checkpoints
         extra = [t, b * self.pages] * (self.groups - 1)
-        return [t, t, t, t, b, b, b, b + 1, self.sampled, 1, b * self.pages, *extra]
+        return [t, t, t, t, b, b, b, b + 1, self.sampled, 3 * n, 1, b * self.pages, *extra]
 
     def fields(self) -> tuple[str, ...]:
         extra = (f"{name}{g}" for g in range(1, self.groups) for name in ("kv", "tables"))
@@ -51,9 +67,11 @@ def _cdiv(a: int, b: int) -> int:
 def host_values(
     seqs: tuple[SeqChunk, ...], layout: StepLayout, graph: bool, page: int
 ) -> list[int]:
-    """The primary block's values in layout order, scratch rows past the plan."""
+    """The primary block's values in layout order, scratch rows past the plan (a bucket's
+    rows all have its width: one token for decode, k + 1 for verify)."""
     pad = layout.seqs - len(seqs)
-    lens = [s.num_tokens for s in seqs] + [1] * pad
+    width = layout.tokens // layout.seqs if graph else 1
+    lens = [s.num_tokens for s in seqs] + [width] * pad
     starts = [s.start_pos for s in seqs] + [0] * pad
     qsl = list(accumulate(lens, initial=0))
     logits = (
@@ -68,12 +86,12 @@ def host_values(
     # written whole, so the fields after it stay where the layout puts them.
     tables = [_compact(seqs, g, w, layout) for g in range(layout.groups)]
     # NOTE: a scratch row writes its KV to row 0 of scratch page 0.
-    kv = _kv_rows(seqs, 0, page) + [0] * pad
+    kv = _kv_rows(seqs, 0, page) + [0] * (pad * width)
     windows = []
     for g in range(1, layout.groups):
-        windows += [_kv_rows(seqs, g, page) + [0] * pad, tables[g]]
+        windows += [_kv_rows(seqs, g, page) + [0] * (pad * width), tables[g]]
     values = (
-        [t for s in seqs for t in s.token_ids] + [0] * pad,
+        [t for s in seqs for t in s.token_ids] + [0] * (pad * width),
         [p for st, n in zip(starts, lens, strict=True) for p in range(st, st + n)],
         [b for b, n in enumerate(lens) for _ in range(n)],
         kv,
@@ -82,11 +100,23 @@ def host_values(
         [int(st > 0) for st in starts],
         qsl,
         logits,
+        _checkpoints(seqs, layout.checkpoints, layout.seqs - 1) if graph else [],
         [w],
         tables[0],
         *windows,
     )
     return [v for field in values for v in field]
+
+
+def _checkpoints(seqs: tuple[SeqChunk, ...], n: int, scratch_row: int) -> list[int]:
+    """A bucket's N checkpoints as rows, lengths, slots (an eager step packs its own); the
+    unused ones write the state after one token of a scratch row into the scratch slot
+    (harmless by contract)."""
+    rows = [(b, j, slot) for b, s in enumerate(seqs) for j, slot in s.checkpoints]
+    if len(rows) > n:
+        raise ValueError(f"{len(rows)} state checkpoints, the bucket holds {n}")
+    rows += [(scratch_row, 1, SCRATCH_SLOT)] * (n - len(rows))
+    return [v for col in zip(*rows, strict=True) for v in col] if rows else []
 
 
 def _compact(seqs: tuple[SeqChunk, ...], group: int, w: int, layout: StepLayout) -> list[int]:

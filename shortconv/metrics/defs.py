@@ -21,7 +21,7 @@ Labels = Mapping[str, str]
 # Label values that exist from start-up. The graph reasons mirror graph_runner.FAILURE_PHASES
 # and FALLBACK_REASONS (a test keeps them equal; importing them here would pull in torch).
 REPLAY_FAILURE_REASONS = ("prepare", "replay")
-FALLBACK_REASONS = ("no_bucket", "replay_error")
+FALLBACK_REASONS = ("no_bucket", "mixed_width", "replay_error")
 FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.ERROR)
 STEP_PHASES = ("decode", "extend", "mixed")
 KV_GROUP_KINDS = ("full", "sliding")  # EngineStats.kv_pages_*_by_kind's keys
@@ -211,8 +211,9 @@ METRICS: tuple[MetricDef, ...] = (
         "counter",
         "graph_eager_fallbacks_total",
         "graphs.eager_fallbacks",
-        "Decode steps run "
-        "eagerly: no_bucket (beyond the largest bucket) or replay_error (after a failed replay).",
+        "Decode and verify steps run eagerly: no_bucket (beyond the largest bucket), "
+        "mixed_width (verify rows of different widths, or beside decode rows) or replay_error "
+        "(after a failed replay).",
         "reason",
         values=FALLBACK_REASONS,
     ),

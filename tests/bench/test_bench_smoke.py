@@ -14,7 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     ("script", "marker"),
-    [("bench/decode_step.py", "SUMMARY decode"), ("bench/kernels.py", "SUMMARY kernels")],
+    [
+        ("bench/decode_step.py", "SUMMARY decode"),
+        ("bench/kernels.py", "SUMMARY kernels"),
+        ("bench/spec_decode.py", "SUMMARY spec_decode"),
+    ],
 )
 def test_bench_quick(script: str, marker: str) -> None:
     pytest.importorskip("triton")

@@ -23,12 +23,15 @@ def test_a_mapping_becomes_a_frozen_config() -> None:
     )
     assert eng.num_speculative_tokens == 3
     assert EngineConfig().num_speculative_tokens == 0
+    draft = SpeculativeConfig.parse({"method": "draft_model", "model": "d"})
+    assert draft is not None and (draft.method, draft.model) == ("draft_model", "d")
 
 
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ({"method": "draft_model", "model": "x"}, "not yet supported"),
+        ({"method": "draft_model"}, "speculative_config.model (the draft checkpoint) is required"),
+        ({"method": "ngram", "model": "x"}, "taken by no other; method='ngram'"),
         ({"method": "eagle"}, "must be one of"),
         ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
         ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_min (3) must be <="),

@@ -21,6 +21,7 @@ CORE = "deployments.engine_core"  # the core's command line: python -m deploymen
 REPLACE_S = 300  # a replica's start beside other test workers on 2 cores
 ERROR_WITHIN_S = 10.0  # the stream's error after the kill: at once, with room for a busy host
 ARGS = {"tiny_arch": "lfm2", "max_num_seqs": 4, "engine_process": True}
+ARGS_NICENESS = 0  # AppArgs.engine_niceness's default
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,23 @@ def test_the_replica_owns_one_core_process_and_reports_its_start(base: str) -> N
     assert core["who"] == "core" and core["rss_bytes"] > 0
     assert {"checkpoint", "weights", "engine"} <= {name for name, _ in core["phases"]}
     assert "core_process" in dict(stats["startup"]["phases"])
+
+
+def _stat(path: Path) -> list[str]:
+    """/proc stat fields after the command name: [0] state, [1] ppid, ..., [16] nice."""
+    return path.read_text().rsplit(")", 1)[1].split()
+
+
+def test_the_core_runs_at_engine_niceness_not_at_rays_worker_niceness(base: str) -> None:
+    assert complete(base) is not None  # a step ran: torch's OpenMP threads exist
+    (pid,) = descendant_pids(CORE)
+    replica = int(_stat(Path(f"/proc/{pid}/stat"))[1])
+    # Ray starts workers, the replica among them, at nice 15 (19 under a niced pytest): what
+    # the core would inherit.
+    assert int(_stat(Path(f"/proc/{replica}/stat"))[16]) > ARGS_NICENESS
+    threads = list(Path(f"/proc/{pid}/task").iterdir())
+    assert len(threads) > 1
+    assert {int(_stat(t / "stat")[16]) for t in threads} == {ARGS_NICENESS}
 
 
 def test_core_killed_mid_stream_ends_requests_in_an_error_then_the_replica_is_replaced(

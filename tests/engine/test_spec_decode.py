@@ -214,7 +214,26 @@ def test_prefix_cache_hit_after_speculation(ckpt: Path) -> None:
     assert_nothing_held(eng)
 
 
-def test_llm_facade_and_graphs_route_verify_rows_to_eager(tmp_path: Path) -> None:
+GRAPHS = {"enable_graphs": True, "graph_batch_sizes": (1, 2, 4), "graph_context_sizes": (32, 64)}
+
+
+def test_graph_captured_verify_equals_speculation_off(ckpt: Path) -> None:
+    """Graphs on: full-width verify steps replay the verify ladder's buckets (counted), and
+    output is what speculation off gives (one request, then a batch that mixes widths)."""
+    ref = run(engine(ckpt, None, **GRAPHS), PROMPTS[:1] + PROMPTS, GREEDY)
+    eng = engine(ckpt, SPEC, **GRAPHS)
+    ours = run(eng, PROMPTS[:1], GREEDY)
+    ours.outputs += run(eng, PROMPTS, GREEDY).outputs
+    assert_same(ours, ref)
+    assert_accepts_and_rejects(eng)
+    graphs = eng.graph_stats()
+    assert graphs is not None
+    assert graphs.verify_replays > 0, graphs
+    assert graphs.replay_failures == {"prepare": 0, "replay": 0}, graphs
+    assert_nothing_held(eng)
+
+
+def test_llm_facade_takes_graphs_and_speculation(tmp_path: Path) -> None:
     ckpt = make_ckpt("lfm2", tmp_path)
     ref = LLM(ckpt, dtype="float32").generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
     llm = LLM(ckpt, dtype="float32", speculative_config=SPEC, enable_graphs=True)
@@ -230,6 +249,13 @@ def test_preemption_and_resume_while_speculating(tmp_path: Path) -> None:
     kw = {"num_kv_pages": 30, "enable_prefix_caching": False}
     ref = run(engine(ckpt, None, **kw), PROMPTS, GREEDY)
     eng = engine(ckpt, SPEC, **kw)
+    assert_same(run_preempting(eng, PROMPTS, GREEDY), ref)
+    assert_accepts_and_rejects(eng)
+    assert_nothing_held(eng)
+
+
+def run_preempting(eng: LLMEngine, prompts: Sequence[list[int]], params: SamplingParams) -> Run:
+    """`run`, asserting that some request was preempted on the way."""
     preempt, preempted = eng.scheduler._preempt, []
 
     def counting(req):  # noqa: ANN001, ANN202 - the scheduler's Request
@@ -237,11 +263,9 @@ def test_preemption_and_resume_while_speculating(tmp_path: Path) -> None:
         return preempt(req)
 
     eng.scheduler._preempt = counting  # type: ignore[method-assign]
-    ours = run(eng, PROMPTS, GREEDY)
+    ours = run(eng, prompts, params)
     assert preempted, "no preemption: the page pool is too large for this test"
-    assert_same(ours, ref)
-    assert_accepts_and_rejects(eng)
-    assert_nothing_held(eng)
+    return ours
 
 
 def test_forks_speculate_each_on_their_own_state(tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ def test_failed_replay_equals_eager_and_restores_state(prefilled, phase):
     stats = g.stats()
     expected_phase = "prepare" if phase == "prepare" else "replay"
     assert stats.replay_failures[expected_phase] == 1 and sum(stats.replay_failures.values()) == 1
-    assert stats.eager_fallbacks == {"no_bucket": 0, "replay_error": 1}
+    assert stats.eager_fallbacks == {"no_bucket": 0, "mixed_width": 0, "replay_error": 1}
     assert stats.replays == 0
 
     load_pool(runner, snap0)  # the next step replays normally

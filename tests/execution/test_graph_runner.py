@@ -220,7 +220,7 @@ def test_no_bucket_fallbacks(prefilled):
     long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)], window_groups(runner))
     assert g.shape_for(long_seqs.decode([0])) is None
     stats = g.stats()
-    assert stats.eager_fallbacks == {"no_bucket": 1, "replay_error": 0}
+    assert stats.eager_fallbacks == {"no_bucket": 1, "mixed_width": 0, "replay_error": 0}
     assert stats.replays == 0
 
 
@@ -272,11 +272,11 @@ def test_capture_logs_progress(prefilled, caplog):
         g = graph_runner(runner, (1, 4))
     n = len(g.shapes())
     assert n == 2 * len(CONTEXTS) and g.stats().num_graphs == n
-    assert f"capturing {n} decode graphs: batch sizes [1, 4] x context sizes" in caplog.text
-    assert f"decode graph 1/{n} (batch 4, context 64)" in caplog.text
-    assert f"decode graph {n}/{n} (batch 1, context 16)" in caplog.text
+    assert f"capturing {n} graphs: batch sizes [1, 4] x context sizes" in caplog.text
+    assert f"graph 1/{n} (batch 4, context 64, width 1)" in caplog.text
+    assert f"graph {n}/{n} (batch 1, context 16, width 1)" in caplog.text
     assert caplog.text.count(", elapsed ") == n
-    assert f"{n} decode graphs ready" in caplog.text
+    assert f"{n} graphs ready" in caplog.text
 
 
 def test_only_the_torch_path_derives_the_dense_layout(prefilled, monkeypatch):
@@ -322,6 +322,6 @@ def test_triton_captures_one_context_bucket_per_batch_bucket(prefilled, monkeypa
     assert [(s.batch, s.context) for s in g.shapes()] == [(b, max_len) for b in (8, 4, 2, 1)]
     assert g.stats().num_graphs == 4
     assert "(triton kernels)" in caplog.text
-    assert "decode graph 4/4 (batch 1, context" in caplog.text
+    assert "graph 4/4 (batch 1, context" in caplog.text
     long_seqs = Seqs([[7] * (CONTEXTS[-1] + 1)], window_groups(runner))
     assert g.shape_for(long_seqs.decode([0])) == g.shapes()[-1]

@@ -9,15 +9,18 @@ the request's output tokens only, so preemption and recompute need nothing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container
+from collections.abc import Container, Iterator, Sequence
 from typing import Any, TypeVar
 
 from shortconv.engine.plan import SeqChunk, StepPlan
 from shortconv.sampling.grammar.compiler import GrammarCache
 from shortconv.sampling.grammar.spec import GrammarError, GrammarSpec
+from shortconv.sampling.grammar.spec_verify import allowed_prefix, fill_verify_masks
 from shortconv.sampling.sampling_row import SamplingRow
 
 _T = TypeVar("_T")
+# (request id, its sampling rows in order, the proposals before its last row)
+_Wanted = tuple[str, tuple[SamplingRow, ...], tuple[int, ...]]
 
 
 class GrammarRuntime:
@@ -45,35 +48,59 @@ class GrammarRuntime:
 
     def attach(self, plan: StepPlan, live: Container[str]) -> tuple[StepPlan, dict[str, str]]:
         """The plan with a token mask on each constrained sampling row (a forking parent's
-        chunk has one per fork, each with its fork's own matcher), and the requests to fail
-        instead ({request id: why}), their rows dropped: a grammar that allows no token."""
+        chunk has one per fork, each with its fork's own matcher; a verify row one per
+        position, `spec_verify`), and the requests to fail instead ({request id: why}), their
+        rows dropped: a grammar that allows no token."""
         self._prune(live)
-        wanted = [(rid, row) for c in plan.seqs for rid, row in c.samples if row.params.grammar]
+        wanted = [w for c in plan.seqs for w in _constrained(c)]
         if not wanted:
             return plan, {}
         import xgrammar as xgr
 
-        masks = xgr.allocate_token_bitmask(len(wanted), self.vocab_size)
-        for i, (rid, row) in enumerate(wanted):
-            grammar = row.params.grammar
-            assert grammar is not None  # NOTE: `wanted` holds constrained rows only
-            self._matcher(rid, grammar).fill_next_token_bitmask(masks, i)
+        masks = xgr.allocate_token_bitmask(sum(len(rows) for _, rows, _ in wanted), self.vocab_size)
+        dead = self._fill(wanted, masks)
         alive = masks.any(dim=1).tolist()
         words = masks.numpy()
-        dead: dict[str, str] = {}
-        rows: dict[str, SamplingRow] = {}
-        for i, (rid, row) in enumerate(wanted):
-            if not alive[i]:
+        rows: dict[str, tuple[SamplingRow, ...]] = {}
+        first = 0
+        for rid, reqrows, _ in wanted:
+            span = range(first, first + len(reqrows))
+            first += len(reqrows)
+            if rid in dead:
+                continue
+            if not all(alive[i] for i in span):
                 dead[rid] = "the output grammar allows no next token"
                 continue
             # NOTE: bytes, not a view of `masks`: a pickled view would carry the whole batch's
             # storage in every row when the plan crosses to a TP rank.
-            rows[rid] = _with(row, token_mask=words[i].tobytes())
+            rows[rid] = tuple(
+                _with(r, token_mask=words[i].tobytes()) for r, i in zip(reqrows, span, strict=True)
+            )
         gone = {c.request_id for c in plan.seqs if _all_dead(c, dead)}
         seqs = tuple(_masked(c, rows, dead) for c in plan.seqs if c.request_id not in gone)
         slots = {c.slot for c in plan.seqs if c.request_id in gone}
         copies = tuple(p for p in plan.copies_after if p[0] not in slots)
         return dataclasses.replace(plan, seqs=seqs, copies_after=copies), dead
+
+    def _fill(self, wanted: list[_Wanted], masks: Any) -> dict[str, str]:
+        """Fill each request's mask rows in order; the requests whose proposals the grammar
+        refuses ({request id: why}; the scheduler checked them, so this is a defect)."""
+        dead: dict[str, str] = {}
+        first = 0
+        for rid, rows, draft in wanted:
+            grammar = rows[0].params.grammar
+            assert grammar is not None  # NOTE: `wanted` holds constrained rows only
+            try:
+                fill_verify_masks(self._matcher(rid, grammar), draft, masks, first)
+            except GrammarError as exc:
+                dead[rid] = str(exc)
+            first += len(rows)
+        return dead
+
+    def allowed_draft(self, request_id: str, spec: GrammarSpec, draft: Sequence[int]) -> int:
+        """How many leading proposals of a speculating request its grammar allows (the
+        scheduler cuts the rest before the verify row is planned)."""
+        return allowed_prefix(self._matcher(request_id, spec), draft)
 
     def accept(self, request_id: str, token: int, done: bool) -> bool:
         """Advance by the sampled token; True when the grammar is complete (the request should
@@ -116,15 +143,35 @@ def _all_dead(chunk: SeqChunk, dead: Container[str]) -> bool:
     return chunk.request_id in dead
 
 
-def _masked(chunk: SeqChunk, rows: dict[str, SamplingRow], dead: Container[str]) -> SeqChunk:
-    """`chunk` with its masked rows, a forking parent's without its dead forks' rows."""
+def _masked(
+    chunk: SeqChunk, rows: dict[str, tuple[SamplingRow, ...]], dead: Container[str]
+) -> SeqChunk:
+    """`chunk` with its masked rows (a verify row's, one per position), a forking parent's
+    without its dead forks' rows."""
     if chunk.sampling is not None:
-        row = rows.get(chunk.request_id)
-        return chunk if row is None else _with(chunk, sampling=row)
+        got = rows.get(chunk.request_id)
+        return chunk if got is None else _with(chunk, sampling=got[-1], draft_rows=got[:-1])
     if not chunk.fork_rows:
         return chunk
-    forks = tuple((rid, rows.get(rid, row)) for rid, row in chunk.fork_rows if rid not in dead)
+    forks = tuple(
+        (rid, rows[rid][0] if rid in rows else row)
+        for rid, row in chunk.fork_rows
+        if rid not in dead
+    )
     return _with(chunk, fork_rows=forks)
+
+
+def _constrained(chunk: SeqChunk) -> Iterator[_Wanted]:
+    """(request id, its rows, the proposals before its last row) of each constrained request
+    that samples from `chunk`: a verify row's k + 1 rows with its k proposals, else one row."""
+    if chunk.sampling is not None:
+        if chunk.sampling.params.grammar is not None:
+            draft = chunk.token_ids[chunk.num_tokens - chunk.num_draft :]
+            yield chunk.request_id, (*chunk.draft_rows, chunk.sampling), draft
+        return
+    for rid, row in chunk.fork_rows:
+        if row.params.grammar is not None:
+            yield rid, (row,), ()
 
 
 def _with(obj: _T, **changes: Any) -> _T:

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shortconv.kernels import cpu_gemm as cg  # noqa: E402
-from shortconv.layers.linear import linear  # noqa: E402
+from shortconv.layers.linear_float import dense_linear as linear  # noqa: E402
 
 
 def best_of(fn, runs: int = 3) -> float:  # noqa: ANN001 - a no-argument callable

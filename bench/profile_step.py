@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import offline  # noqa: E402
 
-from shortconv.layers import linear as linear_mod  # noqa: E402
+from shortconv.layers import linear_float  # noqa: E402
 from shortconv.llm import LLM  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 
@@ -121,14 +121,17 @@ def variants(args: argparse.Namespace, model_dir: Path) -> dict[str, tuple[LLM, 
     if args.compare == "prepack":
         on, off = (make_llm(model_dir, args.graphs == "on", args, p) for p in (True, False))
         return {"prepacked": (on, None), "plain": (off, None)}
-    llm = make_llm(model_dir, args.graphs == "on", args)
     if args.compare == "onednn":
-        default = linear_mod.ONEDNN_MIN_WEIGHT
-
-        def use(on: bool) -> Any:
-            return lambda: setattr(linear_mod, "ONEDNN_MIN_WEIGHT", default if on else 1 << 62)
-
-        return {"onednn": (llm, use(True)), "f_linear": (llm, use(False))}
+        # Read when the linear methods are bound (build): the second engine keeps F.linear.
+        default = linear_float.ONEDNN_MIN_WEIGHT
+        on = make_llm(model_dir, args.graphs == "on", args)
+        linear_float.ONEDNN_MIN_WEIGHT = 1 << 62
+        try:
+            off = make_llm(model_dir, args.graphs == "on", args)
+        finally:
+            linear_float.ONEDNN_MIN_WEIGHT = default
+        return {"onednn": (on, None), "f_linear": (off, None)}
+    llm = make_llm(model_dir, args.graphs == "on", args)
     return {"engine": (llm, None)}
 
 

@@ -34,7 +34,7 @@ import offline  # noqa: E402
 import profile_step  # noqa: E402
 
 from shortconv.configs.config import ModelConfig  # noqa: E402
-from shortconv.layers.linear import linear  # noqa: E402
+from shortconv.layers.linear_float import dense_linear as linear  # noqa: E402
 
 
 def _best(fn: object, reps: int) -> float:

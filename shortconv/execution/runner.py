@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 import torch
 
@@ -19,9 +20,13 @@ from shortconv.execution.graph_runner import GraphRunner
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.step_tensors import StepTensors
 from shortconv.execution.worker_spec import WorkerSpec
-from shortconv.kernels import cpu_gemm
-from shortconv.layers.linear import prepack_linears, use_cpu_gemm
-from shortconv.layers.quantize import quantize_linears, weight_bytes
+from shortconv.kernels import cpu_gemm as cpu_gemm_kernels
+from shortconv.layers.linear_binding import (
+    LinearPolicy,
+    linear_layers,
+    process_linears_after_load,
+)
+from shortconv.layers.quantize import weight_bytes
 from shortconv.models.build import build_model
 from shortconv.models.loader import iter_checkpoint
 from shortconv.models.registry import model_class
@@ -34,46 +39,35 @@ class ModelRunner:
     """One rank's model shard, state-pool shard, backend and sampler, built from `spec`."""
 
     def __init__(self, spec: WorkerSpec, tp: ParallelContext) -> None:
+        # Seconds per start-up phase, in order (the replica's start-up report reads them).
+        self.startup_s: dict[str, float] = {}
         model_cfg, engine_cfg = spec.model_cfg, spec.engine_cfg
         device, dtype = spec.device, spec.dtype
         check_support(model_cfg, device, tp.size, engine_cfg.quantization)
         self.cfg, self.tp, self.device, self.dtype = model_cfg, tp, device, dtype
         cls = model_class(model_cfg.arch)
+        linears = self._linear_policy(spec)
         t0 = time.perf_counter()
-        model = build_model(cls, model_cfg, tp, device, dtype)
+        model = build_model(cls, model_cfg, tp, device, dtype, linears)
         model.load_weights(iter_checkpoint(spec.model_dir))
         self.model = model
-        # Seconds per start-up phase, in order (the replica's start-up report reads them).
-        self.startup_s: dict[str, float] = {"weights": time.perf_counter() - t0}
+        self.startup_s["weights"] = time.perf_counter() - t0
         log.info(
             "rank %d: loaded %s weights in %.1fs",
             tp.rank,
             model_cfg.arch,
             self.startup_s["weights"],
         )
-        if device.type == "cpu" and (engine_cfg.cpu_kernels or engine_cfg.quantization != "none"):
-            t0 = time.perf_counter()
-            why_not = cpu_gemm.load()
-            if why_not is not None and engine_cfg.quantization != "none":
-                raise ConfigError(f"quantization={engine_cfg.quantization!r}: {why_not}")
-            n = use_cpu_gemm(model) if why_not is None and engine_cfg.cpu_kernels else 0
-            self.startup_s["cpu_kernels"] = time.perf_counter() - t0
-            log.info(
-                "rank %d: CPU GEMM kernels: %s",
-                tp.rank,
-                f"{n} fp32 linear layers" if why_not is None else f"not used ({why_not})",
-            )
-        if engine_cfg.quantization != "none":
-            t0 = time.perf_counter()
-            n = quantize_linears(model, engine_cfg.quantization, engine_cfg.quantize_lm_head)
-            self.startup_s["quantize"] = time.perf_counter() - t0
-            log.info(
-                "rank %d: quantized %d linear layers to %s in %.1fs",
-                tp.rank,
-                n,
-                engine_cfg.quantization,
-                self.startup_s["quantize"],
-            )
+        t0 = time.perf_counter()
+        process_linears_after_load(model)
+        # Named by the work the hooks did (the start-up report's phases); else too short to log.
+        phase = "quantize" if linears.quantization != "none" else None
+        if phase is None and linears.prepack:
+            phase = "prepack"
+        if phase is not None:
+            self.startup_s[phase] = time.perf_counter() - t0
+        methods = Counter(layer.method.name for _, layer in linear_layers(model))
+        log.info("rank %d: linear methods %s", tp.rank, dict(sorted(methods.items())))
         # This rank's weights by storage dtype (the start-up log; quantized layers under int8).
         self.weight_bytes = weight_bytes(model)
         log.info(
@@ -81,16 +75,6 @@ class ModelRunner:
             tp.rank,
             ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(self.weight_bytes.items())),
         )
-        if engine_cfg.prepack_cpu_weights and device.type == "cpu":
-            t0 = time.perf_counter()
-            added = prepack_linears(model)
-            self.startup_s["prepack"] = time.perf_counter() - t0
-            if added:
-                log.info(
-                    "rank %d: prepacked linear weights for oneDNN (+%.0f MiB)",
-                    tp.rank,
-                    added / 2**20,
-                )
         t0 = time.perf_counter()
         kv = kv_specs(model_cfg, tp, engine_cfg.kv_page_size, spec.capacity.pages_per_group)
         specs = cls.state_specs(model_cfg, tp)
@@ -112,6 +96,31 @@ class ModelRunner:
             )
             self.graphs.capture()
             self.startup_s["graphs"] = time.perf_counter() - t0
+
+    def _linear_policy(self, spec: WorkerSpec) -> LinearPolicy:
+        """The linear layers' choices for this rank; on CPU this loads (or builds) our AVX2
+        kernels first, since which layers take them is decided at build."""
+        cfg = spec.engine_cfg
+        cpu = spec.device.type == "cpu"
+        cpu_gemm = False
+        if cpu and (cfg.cpu_kernels or cfg.quantization != "none"):
+            t0 = time.perf_counter()
+            why_not = cpu_gemm_kernels.load()
+            if why_not is not None and cfg.quantization != "none":
+                raise ConfigError(f"quantization={cfg.quantization!r}: {why_not}")
+            cpu_gemm = why_not is None and cfg.cpu_kernels
+            self.startup_s["cpu_kernels"] = time.perf_counter() - t0
+            log.info(
+                "rank %d: CPU GEMM kernels: %s",
+                self.tp.rank,
+                "fp32 linear layers" if cpu_gemm else f"not used ({why_not or 'cpu_kernels off'})",
+            )
+        return LinearPolicy(
+            quantization=cfg.quantization,
+            quantize_lm_head=cfg.quantize_lm_head,
+            cpu_gemm=cpu_gemm,
+            prepack=cfg.prepack_cpu_weights and cpu,
+        )
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult | None:

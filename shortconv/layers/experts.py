@@ -8,7 +8,8 @@ from torch import nn
 from shortconv.execution.parallel import ParallelContext
 from shortconv.kernels import fused_moe, resolve_backend
 from shortconv.kernels.moe_ref import ACTIVATIONS
-from shortconv.layers.linear import linear, mark_shard
+from shortconv.layers.linear import mark_shard
+from shortconv.layers.linear_float import dense_linear
 
 # When the experts run as two batched matmuls over a padded [E, rows, H] layout instead of a
 # loop over the experts that have tokens: with at most PADDED_MAX_ROWS tokens on any expert
@@ -123,5 +124,5 @@ class FusedExperts(nn.Module):
         return (y * w[:, :, None]).sum(0)
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return linear(self.act(gate) * up, self.down_proj[e])
+        gate, up = dense_linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return dense_linear(self.act(gate) * up, self.down_proj[e])

@@ -17,4 +17,4 @@ class SwiGLU(nn.Module):
         self.w2 = RowParallelLinear(inter, hidden, False, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(silu_mul(x, self.w1.weight, self.w3.weight, self.w1.packed, self.w3.packed))
+        return self.w2(silu_mul(x, self.w1, self.w3))

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shortconv.execution.parallel import ParallelContext
-from shortconv.layers.linear import Packable, linear, mark_shard
+from shortconv.layers.linear import LinearBase, mark_shard
 
 
 class VocabEmbedding(nn.Module):
@@ -28,8 +28,10 @@ class VocabEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
 
-class LMHead(Packable):
+class LMHead(LinearBase):
     """logits = h W^T (+ b), gathered to the full vocab; `weight` may be the embedding's."""
+
+    is_lm_head = True
 
     def __init__(self, vocab: int, hidden: int, tp: ParallelContext, bias: bool = False):
         super().__init__()
@@ -39,4 +41,4 @@ class LMHead(Packable):
         self.bias = mark_shard(nn.Parameter(torch.empty(rows)), 0) if bias else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(linear(h, self.weight, self.bias, self.packed))
+        return self.tp.all_gather_last(self.method.apply(self, h, self.bias))

@@ -11,6 +11,7 @@ from torch import nn
 
 from shortconv.configs.config import ModelConfig
 from shortconv.execution.parallel import ParallelContext
+from shortconv.layers.linear_binding import TORCH_LINEARS, LinearPolicy, bind_linear_methods
 
 
 @contextmanager
@@ -37,11 +38,15 @@ def build_model(
     tp: ParallelContext,
     device: torch.device | str,
     dtype: torch.dtype,
+    linears: LinearPolicy = TORCH_LINEARS,
 ) -> ModuleT:
-    """`cls(cfg, tp)` allocated in `dtype` on `device`, inference-only (no autograd).
+    """`cls(cfg, tp)` allocated in `dtype` on `device`, inference-only (no autograd), each
+    linear layer bound to its method by `linears` (its weights still to load).
 
     NOTE: the final `.to(dtype)` still converts the few tensors created explicitly in fp32
     (router biases, rotary tables): the engine serves everything in one dtype."""
     with torch.device(device), default_dtype(dtype):
         model = cls(cfg, tp)
-    return model.to(dtype=dtype).requires_grad_(False).eval()
+    model = model.to(dtype=dtype).requires_grad_(False).eval()
+    bind_linear_methods(model, linears)
+    return model

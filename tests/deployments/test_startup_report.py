@@ -14,8 +14,9 @@ from shortconv.tiny.checkpoint import make_tiny_checkpoint
 from workers.startup import PhaseClock, process_age_s, rss_bytes
 
 # "prepack" joins them only with EngineConfig.prepack_cpu_weights (off by default), "quantize"
-# only with quantization; "cpu_kernels" (build or load of the AVX2 kernels) runs on CPU.
-RUNNER_PHASES = ["weights", "cpu_kernels", "state_pool"]
+# only with quantization; "cpu_kernels" (build or load of the AVX2 kernels) runs on CPU,
+# before the weights: which layers take those kernels is bound when the model is built.
+RUNNER_PHASES = ["cpu_kernels", "weights", "state_pool"]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import shortconv.kernels.cca_cpu as cca_cpu
 import shortconv.kernels.conv1d_cpu as conv1d_cpu
 import shortconv.kernels.dispatch as dispatch
 from shortconv.engine.plan import SeqChunk, StepPlan
+from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.step_inputs import StepInputs
 from shortconv.execution.step_tensors import StepTensors
 from shortconv.kernels.attention_cpu import paged_attention_cpu
@@ -23,6 +24,8 @@ from shortconv.kernels.cca_ref import cca_conv_update_ref, cca_prev_value_update
 from shortconv.kernels.conv1d_ref import causal_conv1d_update_ref
 from shortconv.kernels.scratch import StepScratch
 from shortconv.layers import linear as linear_mod
+from shortconv.layers import linear_float
+from shortconv.layers.linear import ColumnParallelLinear
 from shortconv.sampling.sampler import SamplingRow
 from shortconv.sampling.sampling_params import SamplingParams
 
@@ -45,28 +48,41 @@ def plan_of(starts: list[int], lens: list[int], seed: int = 0) -> StepPlan:
     return StepPlan(1, tuple(seqs))
 
 
+def _onednn_layer(out_f: int, in_f: int, seed: int, bias: bool) -> ColumnParallelLinear:
+    """A layer bound as the engine binds a large fp32 CPU weight (plain oneDNN)."""
+    layer = ColumnParallelLinear(in_f, out_f, bias, ParallelContext()).requires_grad_(False)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(out_f, in_f, generator=g) / 16)
+        if layer.bias is not None:
+            layer.bias.copy_(torch.randn(out_f, generator=g))
+    layer.method = linear_float.cpu_float_method(layer.weight, prepack=False)
+    return layer
+
+
 def test_linear_onednn_path_matches_f_linear() -> None:
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(1024, linear_mod.ONEDNN_MIN_WEIGHT // 1024, generator=g)
-    b = torch.randn(1024, generator=g)
+    layer = _onednn_layer(1024, linear_float.ONEDNN_MIN_WEIGHT // 1024, 0, bias=True)
+    assert layer.method == linear_float.OneDnnLinear(plain=True, prepack=False)
+    w, b = layer.weight, layer.bias
     with torch.inference_mode():
         for shape in ((1, w.shape[1]), (7, w.shape[1]), (2, 5, w.shape[1])):
             x = torch.randn(*shape, generator=g)
-            got = linear_mod.linear(x, w, b)
+            got = layer(x)
             torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
             assert got.shape == (*shape[:-1], 1024)
     wg = w.clone().requires_grad_(True)  # autograd keeps F.linear (the oneDNN op has none)
-    assert linear_mod.linear(torch.randn(2, w.shape[1]), wg).requires_grad
+    assert linear_float.dense_linear(torch.randn(2, w.shape[1]), wg).requires_grad
 
 
 def test_fused_swiglu_matches_the_plain_path() -> None:
     g = torch.Generator().manual_seed(3)
-    hidden, inter = 256, linear_mod.ONEDNN_MIN_WEIGHT // 256
-    w_gate, w_up = (torch.randn(inter, hidden, generator=g) / 16 for _ in range(2))
+    hidden, inter = 256, linear_float.ONEDNN_MIN_WEIGHT // 256
+    gate, up = (_onednn_layer(inter, hidden, seed, bias=False) for seed in (1, 2))
     x = torch.randn(linear_mod.FUSED_SWIGLU_MIN_ROWS, hidden, generator=g)
     with torch.inference_mode():
-        got = linear_mod.silu_mul(x, w_gate, w_up)
-        want = F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)
+        got = linear_mod.silu_mul(x, gate, up)
+        want = F.silu(F.linear(x, gate.weight)) * F.linear(x, up.weight)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

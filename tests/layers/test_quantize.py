@@ -16,7 +16,7 @@ from shortconv.configs.support import check_quantization
 from shortconv.errors import ConfigError
 from shortconv.kernels.cpu_gemm import Q8Weight
 from shortconv.layers import quantize as quantize_mod
-from shortconv.layers.linear import Packable
+from shortconv.layers.linear import LinearBase
 from shortconv.layers.vocab import LMHead
 from shortconv.llm import LLM
 from shortconv.metrics.recorder import serve_metrics
@@ -79,14 +79,14 @@ def test_only_the_projections_are_quantized_and_their_float_copy_goes(
 ) -> None:
     plain = quant_quality.runner_for(ckpts["lfm2"], "none", 64)
     quant = quant_quality.runner_for(ckpts["lfm2"], "int8", 64)
-    layers = [m for m in quant.model.modules() if isinstance(m, Packable)]
-    assert any(isinstance(m.packed, Q8Weight) for m in layers)
+    layers = [m for m in quant.model.modules() if isinstance(m, LinearBase)]
+    assert any(m.q8 is not None for m in layers)
     for m in layers:
         if isinstance(m, LMHead):  # tied to the embedding: stays float
-            assert not isinstance(m.packed, Q8Weight)
+            assert m.q8 is None and m.method.name != "q8"
             assert m.weight.dtype == torch.float32 and m.weight.numel()
         else:
-            assert isinstance(m.packed, Q8Weight) and m.weight.numel() == 0
+            assert m.method.name == "q8" and m.q8 is not None and m.weight.numel() == 0
     before, after = plain.weight_bytes, quant.weight_bytes
     assert set(before) == {"float32"} and set(after) == {"float32", "int8"}
     moved = before["float32"] - after["float32"]  # the projections' fp32 bytes
@@ -99,11 +99,11 @@ def test_the_lm_head_is_quantized_when_asked_and_the_tied_embedding_stays(
     body = quant_quality.runner_for(ckpts["lfm2"], "int8", 64)
     both = quant_quality.runner_for(ckpts["lfm2"], "int8", 64, quantize_lm_head=True)
     head = both.model.lm_head
-    assert isinstance(head, LMHead) and isinstance(head.packed, Q8Weight)
+    assert isinstance(head, LMHead) and head.q8 is not None
     emb = both.model.embed_tokens.weight
     assert head.weight is emb and emb.numel() and emb.dtype == torch.float32  # lookups
     added = both.weight_bytes["int8"] - body.weight_bytes["int8"]
-    assert added == head.packed.nbytes == emb.numel() * (1 + 4 / 32)
+    assert added == head.q8.nbytes == emb.numel() * (1 + 4 / 32)
     assert both.weight_bytes["float32"] == body.weight_bytes["float32"]
     q = quant_quality.measure(ckpts["lfm2"], "int8", POSITIONS, length=256, quantize_lm_head=True)
     max_kl, min_top1 = BOUNDS["lfm2"]

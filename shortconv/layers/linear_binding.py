@@ -1,0 +1,83 @@
+"""Bind each linear layer's method once at build, from the engine's choices, and run each
+method's post-load hook once the weights are in.
+
+The choice per layer is fixed here (quantized or float; our AVX2 kernel, oneDNN or F.linear),
+so the forward never asks what kind of weight it holds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from shortconv.errors import ConfigError
+from shortconv.kernels.cpu_gemm import Q8_BLOCK
+from shortconv.layers.linear import LinearBase
+from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
+from shortconv.layers.linear_float import FLOAT, cpu_float_method
+from shortconv.layers.linear_method import LinearMethod
+from shortconv.layers.quantize import Q8Linear
+
+
+@dataclass(frozen=True)
+class LinearPolicy:
+    """The engine's linear choices (EngineConfig), with what start-up found: `cpu_gemm` is
+    True only where our AVX2 kernels are wanted (cpu_kernels) and loaded. The default is
+    torch's own paths, as a model built outside the runner gets."""
+
+    quantization: str = "none"
+    quantize_lm_head: bool = False
+    cpu_gemm: bool = False
+    prepack: bool = False
+
+    def method_for(self, name: str, layer: LinearBase, shared: bool) -> LinearMethod:
+        """The method for `layer` (qualified `name`); `shared`: another module holds its
+        weight (a tied embedding), so a quantized layer keeps the float copy."""
+        w = layer.weight
+        if not w.numel():
+            return FLOAT  # an empty shard (ZAYA1's delayed values on some ranks)
+        if self.quantization == "int8" and (self.quantize_lm_head or not layer.is_lm_head):
+            if w.shape[1] % Q8_BLOCK:
+                raise ConfigError(
+                    f"quantization='int8' needs each rank's input features to be a multiple "
+                    f"of {Q8_BLOCK}; {name} has {w.shape[1]} (serve it with "
+                    "quantization='none' or another tp_size)"
+                )
+            return Q8Linear(keep_float=shared)
+        if not (w.device.type == "cpu" and w.dtype == torch.float32 and not w.requires_grad):
+            return FLOAT
+        larger = cpu_float_method(w, self.prepack)
+        return CpuGemmLinear(larger) if self.cpu_gemm else larger
+
+
+# torch's own paths, no quantization: a model built outside the runner (tests, oracles).
+TORCH_LINEARS = LinearPolicy()
+
+
+def linear_layers(model: nn.Module) -> list[tuple[str, LinearBase]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, LinearBase)]
+
+
+def bind_linear_methods(model: nn.Module, policy: LinearPolicy) -> Counter[str]:
+    """Give every linear layer of `model` its method (all checked before any is bound);
+    returns how many layers took each method, by name (the start-up log)."""
+    shared = {
+        id(p)
+        for m in model.modules()
+        if not isinstance(m, LinearBase)
+        for p in m.parameters(recurse=False)
+    }
+    layers = linear_layers(model)
+    methods = [policy.method_for(n, m, id(m.weight) in shared) for n, m in layers]
+    for (_, layer), method in zip(layers, methods, strict=True):
+        layer.method = method
+    return Counter(m.name for m in methods)
+
+
+def process_linears_after_load(model: nn.Module) -> None:
+    """Each linear layer's method turns its loaded float weight into its own layout."""
+    for _, layer in linear_layers(model):
+        layer.method.process_after_load(layer)

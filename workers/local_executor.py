@@ -1,11 +1,18 @@
-"""tp_size=1 in this process: no Ray, no torch.distributed."""
+"""tp_size=1 in this process: no Ray, no torch.distributed.
+
+The plan still goes through the step message (`StepDelta`) and a persistent batch, as it does
+to TP ranks: one path for every TP size, and the message the engine core process will send.
+"""
 
 from __future__ import annotations
 
+from shortconv.engine.delta_encoder import StepDeltaEncoder
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.plan import StepPlan, StepResult
 from shortconv.engine.stats import GraphStats
+from shortconv.engine.step_delta import StepDelta
 from shortconv.execution.parallel import SINGLE
+from shortconv.execution.persistent_batch import PersistentBatch
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import WorkerSpec
 
@@ -15,11 +22,14 @@ class LocalExecutor(BaseExecutor):
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.runner: ModelRunner | None = ModelRunner(spec, SINGLE)
+        self.encoder, self.batch = StepDeltaEncoder(), PersistentBatch()
+        self.last_message: StepDelta | None = None  # the latest step's message (tests, benches)
 
     def execute(self, plan: StepPlan) -> StepResult:
         if self.runner is None:
             raise ExecutorError("executor is shut down")
-        result = self.runner.execute(plan)
+        self.last_message = self.encoder.encode(plan)
+        result = self.runner.execute(self.batch.apply(self.last_message))
         assert result is not None  # rank 0 always answers
         return result
 

@@ -109,7 +109,7 @@ def check_flat(spec: WorkerSpec, executor: LocalExecutor | RayExecutor) -> None:
 
 
 def test_decode_message_size_is_flat_at_tp1(spec: WorkerSpec) -> None:
-    executor = LocalExecutor(spec)
+    executor = LocalExecutor(spec, step_messages=True)
     try:
         check_flat(spec, executor)
     finally:

@@ -1,4 +1,5 @@
-"""RayExecutor: one TPWorker actor per rank, the same StepPlan to all of them every step."""
+"""RayExecutor: one TPWorker actor per rank, the same step message to all of them every step
+(the plan encoded against the ranks' persistent batches: `engine.delta_encoder`)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from shortconv.cache.kv_groups import kv_specs
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.configs.support import check_support
+from shortconv.engine.delta_encoder import StepDeltaEncoder
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.plan import StepPlan, StepResult
 from shortconv.engine.stats import StartupReport
+from shortconv.engine.step_delta import StepDelta
 from shortconv.errors import ConfigError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.worker_spec import WorkerSpec
@@ -112,6 +115,8 @@ class RayExecutor(BaseExecutor):
         self._owns_pg = False
         self._error: str | None = None
         self._closed = False
+        self.encoder = StepDeltaEncoder()
+        self.last_message: StepDelta | None = None  # the latest step's message (tests, benches)
         self._owns_runtime = acquire_runtime(num_cpus=tp_size * num_cpus_per_worker)
         try:
             self._start(spec.device.type, num_cpus_per_worker)
@@ -178,8 +183,10 @@ class RayExecutor(BaseExecutor):
             raise ExecutorError(self._error)
         if self._dispatch is None:
             raise ExecutorError("executor is shut down")
+        # NOTE: encoded even if the send fails: a failed executor never steps again.
+        self.last_message = self.encoder.encode(plan)
         try:
-            result = self._dispatch.run(plan)
+            result = self._dispatch.run(self.last_message)
         except ExecutorError as exc:
             self._fail(str(exc))
             raise ExecutorError(self._error or str(exc)) from exc

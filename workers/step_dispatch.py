@@ -1,7 +1,7 @@
-"""Per-step fan-out of one StepPlan to every TP worker, with bounded waits.
+"""Per-step fan-out of one step message (`StepDelta`) to every TP worker, with bounded waits.
 
 Two Ray mechanisms do the same job; bench/tp_overhead.py measures both:
-* `ActorCallDispatch`: a plain actor call per rank per step (`w.execute.remote(plan)`).
+* `ActorCallDispatch`: a plain actor call per rank per step (`w.execute.remote(delta)`).
 * `CompiledGraphDispatch`: a Ray Compiled Graph (`experimental_compile`) that keeps the actors
   in a loop fed through shared-memory channels, skipping per-call task submission.
 Either one turns every failure (dead actor, exception in a rank, timeout) into ExecutorError.
@@ -17,7 +17,8 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from shortconv.engine.executor import ExecutorError
-from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.engine.plan import StepResult
+from shortconv.engine.step_delta import StepDelta
 
 
 def describe(exc: BaseException, rank: int | None = None) -> str:
@@ -53,8 +54,8 @@ class BaseDispatch(ABC):
         self.workers, self.timeout_s = workers, timeout_s
 
     @abstractmethod
-    def run(self, plan: StepPlan) -> StepResult | None:
-        """Send `plan` to every rank; rank 0's result, or ExecutorError within timeout_s."""
+    def run(self, delta: StepDelta) -> StepResult | None:
+        """Send `delta` to every rank; rank 0's result, or ExecutorError within timeout_s."""
 
     def close(self) -> None:
         """Release whatever the dispatch holds; the workers belong to the executor."""
@@ -62,8 +63,8 @@ class BaseDispatch(ABC):
 
 
 class ActorCallDispatch(BaseDispatch):
-    def run(self, plan: StepPlan) -> StepResult | None:
-        refs = [w.execute.remote(plan) for w in self.workers]
+    def run(self, delta: StepDelta) -> StepResult | None:
+        refs = [w.execute.remote(delta) for w in self.workers]
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         deadline = time.monotonic() + self.timeout_s
         pending = refs
@@ -75,14 +76,14 @@ class ActorCallDispatch(BaseDispatch):
             if not ready:
                 rank = rank_of[pending[0]]
                 raise ExecutorError(
-                    f"TP rank {rank} did not finish step {plan.step_id} "
+                    f"TP rank {rank} did not finish step {delta.step_id} "
                     f"within {self.timeout_s:.0f}s"
                 )
             try:
                 ray.get(ready[0])
             except RayError as exc:
                 reason = describe(exc, rank_of[ready[0]])
-                raise ExecutorError(f"{reason} during step {plan.step_id}") from exc
+                raise ExecutorError(f"{reason} during step {delta.step_id}") from exc
         return ray.get(refs[0])
 
 
@@ -91,21 +92,21 @@ class CompiledGraphDispatch(BaseDispatch):
         super().__init__(workers, timeout_s)
         from ray.dag import InputNode, MultiOutputNode
 
-        with InputNode() as plan_in:
-            dag = MultiOutputNode([w.execute.bind(plan_in) for w in workers])
+        with InputNode() as delta_in:
+            dag = MultiOutputNode([w.execute.bind(delta_in) for w in workers])
         self._graph: Any = dag.experimental_compile(_submit_timeout=timeout_s)
 
-    def run(self, plan: StepPlan) -> StepResult | None:
+    def run(self, delta: StepDelta) -> StepResult | None:
         if self._graph is None:
             raise ExecutorError("compiled graph is torn down")
         try:
-            refs = self._graph.execute(plan)
+            refs = self._graph.execute(delta)
             results = ray.get(refs, timeout=self.timeout_s)
         except (RayError, TimeoutError) as exc:
             # The graph reports a closed channel, not which actor went away: ask the ranks.
             dead = dead_ranks(self.workers)
             reason = f"TP rank {dead[0]} died" if dead else describe(exc)
-            raise ExecutorError(f"{reason} during step {plan.step_id}") from exc
+            raise ExecutorError(f"{reason} during step {delta.step_id}") from exc
         return results[0]
 
     def close(self) -> None:

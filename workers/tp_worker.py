@@ -10,9 +10,11 @@ import ray
 import torch
 import torch.distributed as dist
 
-from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.engine.plan import StepResult
 from shortconv.engine.stats import StartupReport
+from shortconv.engine.step_delta import StepDelta
 from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.persistent_batch import PersistentBatch
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import WorkerSpec
 from workers.cpu_threads import follow_reservation
@@ -25,8 +27,9 @@ _MAX_TIMINGS = 4096
 
 class TPWorker:
     """Rank `rank` of `world_size`. Built empty, then `setup()` joins torch.distributed and loads
-    this rank's shard of the weights; `execute(plan)` runs every step with the same plan as every
-    other rank. Rank 0 returns the StepResult, the others None.
+    this rank's shard of the weights; `execute(delta)` applies every step's message to this
+    rank's persistent batch and runs the plan it rebuilds, the same on every rank. Rank 0
+    returns the StepResult, the others None.
     """
 
     def __init__(self, rank: int, world_size: int) -> None:
@@ -34,6 +37,7 @@ class TPWorker:
         self._clock = PhaseClock()
         self.threads = follow_reservation(f"TP rank {rank}")
         self.runner: ModelRunner | None = None
+        self.batch = PersistentBatch()
         self._timings: deque[tuple[int, float]] = deque(maxlen=_MAX_TIMINGS)
 
     def rendezvous_address(self) -> str:
@@ -49,9 +53,10 @@ class TPWorker:
         self.runner = ModelRunner(replace(spec, device=device), tp)
         self._clock.add(self.runner.startup_s)
 
-    def execute(self, plan: StepPlan) -> StepResult | None:
+    def execute(self, delta: StepDelta) -> StepResult | None:
         runner = self._ready()
         t0 = time.perf_counter()
+        plan = self.batch.apply(delta)
         out = runner.execute(plan)
         self._timings.append((plan.step_id, time.perf_counter() - t0))
         return out
@@ -86,6 +91,10 @@ class TPWorker:
     def last_cache_indices(self) -> list[int]:
         """The state slots this rank resolved for the latest step (must match on every rank)."""
         return self._ready().backend.step.cache_indices.tolist()
+
+    def batch_request_ids(self) -> list[str]:
+        """The requests this rank's persistent batch holds (tests: drops reach every rank)."""
+        return sorted(self.batch.request_ids())
 
     def pop_timings(self) -> list[tuple[int, float]]:
         """(step_id, seconds inside ModelRunner.execute) since the last call."""

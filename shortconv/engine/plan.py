@@ -94,6 +94,9 @@ class StepPlan:
     # Images to encode before the forward, and encoder-cache entries to free after it.
     encoder_inputs: tuple[EncoderInput, ...] = ()
     encoder_frees: tuple[int, ...] = ()
+    # Requests that left the running batch since the previous plan (finished, aborted,
+    # preempted, a parent whose forks took over): ranks drop them from their persistent batch.
+    released: tuple[str, ...] = ()
 
     @property
     def has_images(self) -> bool:

@@ -80,6 +80,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._step_id = 0
+        self._released: list[str] = []  # left the running batch since the last plan
 
     # ---- queue management -------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -98,6 +99,7 @@ class Scheduler:
         """The parent's prompt is computed: its forks queue first in line (their prompt has been
         admitted already) and it holds its state until they have copied it."""
         self.running.remove(parent)
+        self._released.append(parent.request_id)
         parent.status = Status.FORKING
         for fork in parent.forks:
             fork.num_cached_tokens = parent.num_cached_tokens
@@ -134,6 +136,7 @@ class Scheduler:
         self.encoder.release(req)
         self.speculator.release(req)
         req.status, req.finish_reason = Status.FINISHED, reason
+        self._released.append(req.request_id)
         self.requests.pop(req.request_id, None)
         self._copied_from(req)
 
@@ -170,6 +173,7 @@ class Scheduler:
         self._step_id += 1
         order = [r.request_id for r in self.running if r.request_id in chunks]
         encoder_inputs, encoder_frees = self.encoder.take()
+        released, self._released = tuple(self._released), []
         return StepPlan(
             self._step_id,
             tuple(chunks[rid] for rid in order),
@@ -178,6 +182,7 @@ class Scheduler:
             page_copies=copies.planned_pages(chunks),
             encoder_inputs=encoder_inputs,
             encoder_frees=encoder_frees,
+            released=released,
         )
 
     def _grow(
@@ -291,6 +296,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         """Free everything and recompute later from prompt + generated tokens."""
         self.running.remove(req)
+        self._released.append(req.request_id)
         self.cache_manager.forget(req)
         self.encoder.release(req)
         self.speculator.release(req)

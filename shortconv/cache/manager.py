@@ -26,7 +26,7 @@ a request loses all of them.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -98,8 +98,16 @@ class CacheManager:
         self.slots, self.pages, self.page_size = slots, pages, page_size
         self.windows = tuple(windows)  # the sliding-window KV groups, 1.. (group 0: `pages`)
         self.prefix_caching, self.checkpoint_interval = prefix_caching, checkpoint_interval
+        # Set once by the engine when a session store is configured: spill(session_id) saves a
+        # session's kept state before the cache evicts it for memory.
+        self.spill: Callable[[str], None] | None = None
         self.tree = PrefixCache(
-            page_size, slots, pages, lambda e: self.sessions.entry_evicted(e), self.windows
+            page_size,
+            slots,
+            pages,
+            lambda e: self.sessions.entry_evicted(e),
+            self.windows,
+            before_evict_pinned=self._spill_holders,
         )
         self.kv = PageTables(pages, self.windows, page_size, lambda need: self.tree.evict(need))
         self.sessions = SessionPins(session_ttl_s, self._let_go)
@@ -323,6 +331,15 @@ class CacheManager:
         prefix caching and goes at once (slot and pages back) without."""
         if not self.prefix_caching and not entry.pins:
             self.tree.discard(entry)
+
+    def _spill_holders(self, entry: CacheEntry) -> None:
+        if self.spill is not None:
+            for sid in self.sessions.holders(entry):
+                self.spill(sid)
+
+    def alloc_slot(self) -> int | None:
+        """A free slot, evicting cached entries LRU (pinned last); None: none left."""
+        return self._alloc_slot()
 
     # ---- upkeep -------------------------------------------------------------------------
     def evict_idle(self) -> int:

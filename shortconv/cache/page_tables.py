@@ -48,7 +48,7 @@ class PageTables:
         need = -(-num_tokens // self.page_size)
         got: list[list[int]] = []
         for g, table in enumerate(tables):
-            pages = self._alloc(g, need - len(table))
+            pages = self.alloc(g, need - len(table))
             if pages is None:
                 for done, allocator in zip(got, self.allocators, strict=False):
                     allocator.free(done)
@@ -58,7 +58,7 @@ class PageTables:
             table.extend(pages)
         return True
 
-    def _alloc(self, group: int, n: int) -> list[int] | None:
+    def alloc(self, group: int, n: int) -> list[int] | None:
         """n fresh pages of a KV group, evicting cached entries LRU: tree pages for group 0,
         checkpoints (which hold the windows' pages) for a sliding group."""
         if n <= 0:

@@ -90,6 +90,7 @@ class PrefixCache:
         pages: PageAllocator,
         on_evict_pinned: Callable[[CacheEntry], None] | None = None,
         windows: Sequence[WindowGroup] = (),
+        before_evict_pinned: Callable[[CacheEntry], None] | None = None,
     ) -> None:
         self.page_size = page_size
         self.slots, self.pages = slots, pages
@@ -102,6 +103,8 @@ class PrefixCache:
         # the end), so eviction finds its victim near the front instead of walking the tree.
         self._order: OrderedDict[int, CacheEntry] = OrderedDict()
         self._on_evict_pinned = on_evict_pinned
+        # Told while a pinned victim still holds its slot and pages (a session store spills it).
+        self._before_evict_pinned = before_evict_pinned
 
     # ---- lookup -------------------------------------------------------------------------
     def match(
@@ -224,6 +227,8 @@ class PrefixCache:
         )
         if victim is None:
             return False
+        if victim.pins and self._before_evict_pinned is not None:
+            self._before_evict_pinned(victim)
         self._drop(victim, whole=need == "page" or victim.is_leaf or victim.is_tail)
         self.counters.evictions += 1
         # NOTE: told after the drop: the pins it loses may discard its other entries.

@@ -38,6 +38,15 @@ class SessionPins:
     def holds(self, session_id: str, entry: CacheEntry) -> bool:
         return session_id in self._by_entry.get(entry, ())
 
+    def entries(self, session_id: str) -> list[CacheEntry]:
+        """The checkpoints the session pins (none when it holds nothing)."""
+        held = self._held.get(session_id)
+        return list(held[0]) if held is not None else []
+
+    def holders(self, entry: CacheEntry) -> list[str]:
+        """The sessions pinning `entry`."""
+        return sorted(self._by_entry.get(entry, ()))
+
     def lookup(self, session_id: str, num_cached: int) -> None:
         """Count a session turn's admission: a hit when it resumed any cached tokens."""
         if num_cached > 0:

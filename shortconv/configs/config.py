@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from shortconv.configs.hf import model_fields
 from shortconv.configs.hf.common import RopeSpec
+from shortconv.configs.session_store import SessionStoreConfig
 from shortconv.configs.speculative import SpeculativeConfig
 from shortconv.errors import ConfigError
 
@@ -205,10 +206,15 @@ class EngineConfig:
     # Speculative decoding (docs/speculative_decoding.md): None off; a mapping is parsed into
     # a `SpeculativeConfig` (vLLM's `--speculative-config` keys).
     speculative_config: SpeculativeConfig | None = None
+    # Durable sessions (docs/session_store.md): None off; a mapping `{path, ttl_s, max_bytes}`
+    # is parsed into a `SessionStoreConfig`.
+    session_store: SessionStoreConfig | None = None
 
     def __post_init__(self) -> None:
         spec = SpeculativeConfig.parse(self.speculative_config)
         object.__setattr__(self, "speculative_config", spec)
+        store = SessionStoreConfig.parse(self.session_store)
+        object.__setattr__(self, "session_store", store)
         for f in fields(self):
             value, bounds = getattr(self, f.name), f.metadata
             if "ge" in bounds and value < bounds["ge"]:

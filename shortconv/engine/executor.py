@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from shortconv.engine.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
+    import torch
+
     from shortconv.engine.stats import GraphStats, StartupReport
 
 
@@ -27,6 +30,17 @@ class BaseExecutor(ABC):
 
     @abstractmethod
     def shutdown(self) -> None: ...
+
+    def read_state(self, slot: int, pages: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        """Host copies of one checkpoint's state (`execution.state_io.gather_state`)."""
+        raise NotImplementedError(f"state export at tp_size={self.tp_size} (tp_size 1 only)")
+
+    def write_state(
+        self, slot: int, pages: Sequence[Sequence[int]], tensors: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Write one checkpoint's state (`execution.state_io.scatter_state`); ValueError, and
+        nothing written, when a shape does not fit."""
+        raise NotImplementedError(f"state import at tp_size={self.tp_size} (tp_size 1 only)")
 
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         """Per rank: the shapes of its state tensors (tests assert each rank holds a shard)."""

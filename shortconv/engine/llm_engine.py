@@ -21,6 +21,8 @@ from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
 from shortconv.engine.request_limits import RequestLimits
 from shortconv.engine.scheduler import Scheduler, SchedulerConfig
+from shortconv.engine.session_state import SessionState
+from shortconv.engine.session_store import SessionStore
 from shortconv.engine.stats import EngineStats, GraphStats, StartupReport
 from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from shortconv.execution.worker_spec import WorkerSpec
@@ -78,6 +80,10 @@ class LLMEngine:
             window_groups(self.model_cfg, self.capacity.window_pages),
             draft,
             grammar_draft=self._grammar_draft,
+        )
+        store = SessionStore(eng.session_store) if eng.session_store is not None else None
+        self.session_state = SessionState(
+            self.scheduler.cache_manager, executor, self.model_dir, str(self.dtype), store
         )
         if (speculative := eng.speculative_config) is not None:
             k, model = speculative.num_speculative_tokens, speculative.model
@@ -142,6 +148,8 @@ class LLMEngine:
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         placed = self.place_images(prompt_token_ids, images, params.n)
+        if session_id is not None:
+            self.session_state.restore(session_id)  # a stored session resumes from its file
         n = next(self._ids)
         rid = request_id if request_id is not None else f"req-{n}"
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)
@@ -315,6 +323,16 @@ class LLMEngine:
             self.weight_bytes,
         )
 
+    def export_session(self, session_id: str) -> bytes | None:
+        """The session's kept state as a state bundle (`cache.state_bundle`); None when this
+        engine keeps none for it."""
+        return self.session_state.export(session_id)
+
+    def import_session(self, session_id: str, bundle: bytes) -> bool:
+        """Take a bundle in as the session's kept state, so its next turn resumes from it;
+        False (counted by reason, nothing held) when the bundle does not fit this engine."""
+        return self.session_state.import_(session_id, bundle)
+
     def flush_prefix_cache(self) -> int:
         """Drop every prefix-cache entry (kept sessions' checkpoints too): after it, an idle
         engine holds no slot and no page. Returns how many entries were dropped."""
@@ -346,6 +364,7 @@ class LLMEngine:
             self.metrics.record(self.stats())
 
     def shutdown(self) -> None:
+        self.session_state.spill_all()  # NOTE: before the ranks go: their state is read
         self.executor.shutdown()
 
 

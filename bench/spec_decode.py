@@ -7,12 +7,16 @@ One random checkpoint, engines side by side in one process, rounds alternating b
 1. **Verify cost.** One request, a 128-token prompt, then steps timed one by one: plain decode
    steps (speculation off) against verify steps of exactly k + 1 tokens (speculation on, the
    proposals forced to the request's own last k tokens, so every step verifies k of them
-   whatever the model accepts). The ratio is the median verify step over the median decode
-   step, at the same context, for each k in `--ks`, in fp32 and in int8.
-2. **Speedup.** Decode tokens/s at batch 1 with and without n-gram speculation on a prompt that
-   repeats itself (so prompt lookup finds matches), with the measured acceptance. Random
-   weights accept what they accept; the bench reports it and the speedup that acceptance
-   allows given the step costs of part 1 (`allowed`), and the measured speedup's share of it.
+   whatever the model accepts; the acceptance switch-off is off). The ratio is the median
+   verify step over the median decode step, at the same context, for each k in `--ks`, in
+   fp32 and in int8.
+2. **Speedup.** Decode tokens/s at batch 1 with and without speculation on a prompt that
+   repeats itself (so prompt lookup finds matches), with the measured acceptance, for `ngram`
+   and for `draft_model` with the target cut to its first `--draft-layers` layers as the
+   draft (same embedding and head: `shortconv.tiny.truncate`). Random weights accept what they
+   accept (the shipped switch-off defaults apply); the bench reports it, the speedup that
+   acceptance allows given the step costs of part 1 and the draft's own decode step
+   (`allowed`), and the measured speedup's share of it.
 
 A request's decode time is its run with N + 1 output tokens less its run with 1 (prefill and
 the first token are not counted), as in bench/quant_speed.py.
@@ -42,6 +46,7 @@ from shortconv.engine.request import Request  # noqa: E402
 from shortconv.llm import LLM  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
+from shortconv.tiny.truncate import truncated_checkpoint  # noqa: E402
 
 PROMPT = 128
 
@@ -103,13 +108,10 @@ def _interp(ratios: dict[int, float], k: float) -> float:
 
 
 def _engine(path: Path, k: int, **kw: Any) -> LLM:
-    return LLM(
-        path,
-        dtype="float32",
-        max_num_seqs=4,
-        speculative_config={"method": "ngram", "num_speculative_tokens": k},
-        **kw,
-    )
+    # The acceptance switch-off stays off here: forced proposals accept what they accept,
+    # and every step must still verify k of them.
+    cfg = {"method": "ngram", "num_speculative_tokens": k, "min_acceptance_rate": 0.0}
+    return LLM(path, dtype="float32", max_num_seqs=4, speculative_config=cfg, **kw)
 
 
 def main() -> None:
@@ -122,10 +124,12 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=96, help="tokens per speedup run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quantizations", default="none,int8")
+    ap.add_argument("--draft-layers", type=int, default=4, help="the draft: target's first N")
     ap.add_argument("--quick", action="store_true", help="tiny shape, few steps (a smoke test)")
     args = ap.parse_args()
     if args.quick:
         args.shape, args.steps, args.decode, args.rounds = "lfm2-tiny", 4, 8, 1
+        args.draft_layers = 3
     torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
     quants = args.quantizations.split(",")
@@ -169,41 +173,64 @@ def main() -> None:
                 print(f"| {k} | {k + 1} | {med * 1e3:.1f} | {med / base:.2f}x |")
             for llm in llms.values():
                 llm.shutdown()
+        draft = truncated_checkpoint(path, args.draft_layers, Path(tmp) / "draft")
+        methods = {
+            "ngram": {"method": "ngram"},
+            f"draft_model (target's first {args.draft_layers} layers)": {
+                "method": "draft_model",
+                "model": str(draft),
+            },
+        }
+        print(
+            "\n## speculation at batch 1, k = "
+            f"{args.k}: decode tok/s off and on, on a prompt that repeats itself"
+        )
+        print(
+            "| weights | method | tok/s off | tok/s on | speedup | acceptance | "
+            "tokens per verify | allowed | of allowed |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for q in quants:
             kw = {} if q == "none" else {"quantization": q}
-            llm = _engine(path, args.k, **kw)
-            off: list[float] = []
-            on: list[float] = []
-            decode_seconds(llm, looped, args.decode, True)  # warm-up
-            before = _spec_counts(llm)
-            for _ in range(args.rounds):
-                off.append(decode_seconds(llm, looped, args.decode, speculative=False))
-                on.append(decode_seconds(llm, looped, args.decode, speculative=True))
-            drafts, proposed, accepted = (
-                a - b for a, b in zip(_spec_counts(llm), before, strict=True)
-            )
-            llm.shutdown()
-            # Verify steps in the timed runs (each round: N + 1 tokens then 1).
-            n_tok = args.rounds * args.decode
-            plain_steps = max(0, n_tok - drafts - accepted)
-            k_mean = proposed / drafts if drafts else 0.0
-            predicted = plain_steps + drafts * _interp(ratios[q], k_mean)
-            allowed = n_tok / predicted if predicted else 1.0
-            speedup = statistics.median(off) / statistics.median(on)
-            rate_off = args.decode / statistics.median(off)
-            rate_on = args.decode / statistics.median(on)
-            acc = accepted / proposed if proposed else 0.0
-            print(f"\n## n-gram speculation, {q} weights, batch 1, k = {args.k}")
-            print(
-                "| tok/s off | tok/s on | speedup | acceptance | tokens per verify | "
-                "allowed | of allowed |"
-            )
-            print("| --- | --- | --- | --- | --- | --- | --- |")
-            per_verify = (accepted + drafts) / drafts if drafts else 0.0
-            print(
-                f"| {rate_off:.1f} | {rate_on:.1f} | {speedup:.2f}x | {acc:.0%} | "
-                f"{per_verify:.2f} | {allowed:.2f}x | {speedup / allowed:.0%} |"
-            )
+            # The draft's cost per verify step: k proposals and one catch-up row, each about
+            # one of its decode steps (measured on its own, speculation off).
+            lone = LLM(draft, dtype="float32", max_num_seqs=4, **kw)
+            decode_seconds(lone, looped, 8, False)
+            t_draft = decode_seconds(lone, looped, args.decode, False) / args.decode
+            lone.shutdown()
+            for name, method in methods.items():
+                cfg = {**method, "num_speculative_tokens": args.k}
+                llm = LLM(path, dtype="float32", max_num_seqs=4, speculative_config=cfg, **kw)
+                off: list[float] = []
+                on: list[float] = []
+                decode_seconds(llm, looped, args.decode, True)  # warm-up
+                before = _spec_counts(llm)
+                for _ in range(args.rounds):
+                    off.append(decode_seconds(llm, looped, args.decode, speculative=False))
+                    on.append(decode_seconds(llm, looped, args.decode, speculative=True))
+                drafts, proposed, accepted = (
+                    a - b for a, b in zip(_spec_counts(llm), before, strict=True)
+                )
+                llm.shutdown()
+                # Steps of the timed runs in units of one target decode step: each round
+                # decodes N + 1 tokens then 1, so its verify rows are counted twice over.
+                t_dec = statistics.median(off) / args.decode
+                n_tok = args.rounds * args.decode
+                plain_steps = max(0, n_tok - drafts - accepted)
+                k_mean = proposed / drafts if drafts else 0.0
+                per_verify_cost = _interp(ratios[q], k_mean)
+                if method["method"] == "draft_model":
+                    per_verify_cost += (k_mean + 1) * t_draft / t_dec
+                predicted = plain_steps + drafts * per_verify_cost
+                allowed = n_tok / predicted if predicted else 1.0
+                speedup = statistics.median(off) / statistics.median(on)
+                acc = accepted / proposed if proposed else 0.0
+                per_verify = (accepted + drafts) / drafts if drafts else 0.0
+                print(
+                    f"| {q} | {name} | {args.decode / statistics.median(off):.1f} | "
+                    f"{args.decode / statistics.median(on):.1f} | {speedup:.2f}x | {acc:.0%} | "
+                    f"{per_verify:.2f} | {allowed:.2f}x | {speedup / allowed:.0%} |"
+                )
     print("\nSUMMARY spec_decode", " ".join(f"{q}:k4={ratios[q].get(4, 0):.2f}x" for q in quants))
 
 

@@ -8,16 +8,15 @@ target itself (full acceptance) and the target cut to its first layers."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from shortconv.engine.llm_engine import LLMEngine
 from shortconv.errors import ConfigError
 from shortconv.sampling.sampling_params import SamplingParams
+from shortconv.tiny.truncate import truncated_checkpoint
 from tests.engine.test_spec_decode import (
     GREEDY,
     LONG,
@@ -42,32 +41,12 @@ def draft_spec(draft: Path) -> dict[str, object]:
     return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": K}
 
 
-def truncated(ckpt: Path, num_layers: int, out: Path) -> Path:
-    """`ckpt` with its first `num_layers` layers only (same embedding, norm and head)."""
-    out.mkdir()
-    for f in ckpt.iterdir():
-        if f.suffix != ".safetensors":
-            (out / f.name).write_bytes(f.read_bytes())
-    weights = load_file(ckpt / "model.safetensors")
-    keep = {k: v for k, v in weights.items() if _layer(k) is None or _layer(k) < num_layers}  # type: ignore[operator]
-    save_file(keep, out / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((ckpt / "config.json").read_text())
-    cfg["num_hidden_layers"] = num_layers
-    cfg["layer_types"] = cfg["layer_types"][:num_layers]
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
-
-
-def _layer(key: str) -> int | None:
-    parts = key.split(".")
-    return int(parts[parts.index("layers") + 1]) if "layers" in parts else None
-
-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("spec_draft")
     found = {arch: make_ckpt(arch, base / arch) for arch in ("lfm2", "zaya1", "lfm2_moe")}
-    found["lfm2_cut"] = truncated(found["lfm2"], 3, base / "lfm2_cut")  # conv, conv, attention
+    # its first 3 layers: conv, conv, attention
+    found["lfm2_cut"] = truncated_checkpoint(found["lfm2"], 3, base / "lfm2_cut")
     return found
 
 
@@ -217,7 +196,7 @@ def test_a_draft_with_another_vocabulary_is_refused(ckpts: dict[str, Path], tmp_
 def test_a_draft_with_another_tokenizer_is_refused(ckpts: dict[str, Path], tmp_path: Path) -> None:
     from shortconv.engine import tokenizer as toks
 
-    other = truncated(ckpts["lfm2"], 2, tmp_path / "tok")
+    other = truncated_checkpoint(ckpts["lfm2"], 2, tmp_path / "tok")
     toks.build_byte_tokenizer(264, named_special=("<|tool|>",)).save_pretrained(str(other))
     with pytest.raises(ConfigError, match="target lfm2 and draft tok have different tokenizers"):
         engine(ckpts["lfm2"], draft_spec(other))

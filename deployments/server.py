@@ -100,8 +100,9 @@ def start_engine(
         t0 = time.perf_counter()
         core = launched()
         waited, phases = time.perf_counter() - t0, dict(core.core_report.phases)
-        # NOTE: the core's phases are the replica's start path; before them, its interpreter.
-        clock.phases.append(("core_process", waited - sum(phases.values())))
+        # NOTE: the core's phases are the replica's start path; before them, its interpreter
+        # (0 when the core was ready before the replica's own imports were done).
+        clock.phases.append(("core_process", max(0.0, waited - sum(phases.values()))))
         clock.add(phases)
         serve_log.info("engine core process %d ready", core.pid)
         return core

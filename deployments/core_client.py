@@ -10,6 +10,8 @@ error at once and the health check fails from then on.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import logging
 import multiprocessing as mp
@@ -17,11 +19,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deployments.args import AppArgs
 from deployments.core_messages import (
     Add,
     Call,
@@ -37,6 +40,7 @@ from deployments.core_messages import (
     recv,
     send,
 )
+from deployments.core_tokenizer import TokenizerPreload, core_sends_tokenizer
 from deployments.engine_types import CoreOutput, EngineDead
 from deployments.metrics_relay import replay
 from shortconv.sampling.sampling_params import SamplingParams
@@ -84,7 +88,11 @@ class CoreEngine:
     metrics: MetricsRecorder | None = None  # NOTE: the core records; see `relay_metrics_to`
 
     def __init__(
-        self, conn: Connection, proc: subprocess.Popen[bytes], wake: tuple[int, int]
+        self,
+        conn: Connection,
+        proc: subprocess.Popen[bytes],
+        wake: tuple[int, int],
+        tokenizer: TokenizerPreload | None = None,
     ) -> None:
         self._conn, self._proc = conn, proc
         self._wake_r, self._wake_w = wake
@@ -96,6 +104,8 @@ class CoreEngine:
         self._dead: str | None = None
         self._first_ops: tuple[MetricOp, ...] = ()  # kept until a sink is given
         ready = self._ready()
+        if tokenizer is not None:  # NOTE: not sent: loaded here meanwhile (core_tokenizer.py)
+            ready = dataclasses.replace(ready, tokenizer=tokenizer.result())
         self.max_model_len, self.tokenizer = ready.max_model_len, ready.tokenizer
         self.model_dir: Path = ready.model_dir
         self.limits = ready.limits
@@ -109,7 +119,15 @@ class CoreEngine:
 
     @classmethod
     def spawn(cls, args: dict[str, Any], factory: str | None, threads: int) -> CoreEngine:
-        """A fresh interpreter (`python -m deployments.engine_core`), like multiprocessing's
+        """`launch`, then wait for the core to be ready."""
+        return cls.launch(args, factory, threads)()
+
+    @classmethod
+    def launch(
+        cls, args: dict[str, Any], factory: str | None, threads: int
+    ) -> Callable[[], CoreEngine]:
+        """Start the core now; the returned call waits until it is ready. A fresh interpreter
+        (`python -m deployments.engine_core`), like multiprocessing's
         spawn but without re-running this process's main module (a Ray worker's, pytest's):
         its end of the pipe is passed as an inherited fd, its start arguments as the first
         message. NOTE: never fork a process that holds Ray's threads."""
@@ -124,7 +142,10 @@ class CoreEngine:
         send(ours, Start(args, factory, threads))
         wake = os.pipe()
         os.set_blocking(wake[0], False)
-        return cls(ours, proc, wake)
+        preload = None
+        if not core_sends_tokenizer(factory):
+            preload = TokenizerPreload(AppArgs.model_validate(args))
+        return functools.partial(cls, ours, proc, wake, preload)
 
     @property
     def pid(self) -> int:

@@ -31,6 +31,7 @@ from deployments.core_messages import (
     recv,
     send,
 )
+from deployments.core_tokenizer import core_sends_tokenizer
 from deployments.engine_build import make_engine
 from deployments.engine_types import CoreOutput, Delta, EngineLike, delta_of, executor_error
 from deployments.metrics_relay import RelaySink
@@ -117,11 +118,11 @@ class EngineCore:
             send(self.conn, StepOut((CoreOutput(msg.request_id, final),), self.status()))
 
 
-def ready(engine: Any, clock: PhaseClock, core: EngineCore) -> Ready:
+def ready(engine: Any, clock: PhaseClock, core: EngineCore, factory: str | None) -> Ready:
     """The `Ready` message: what the replica serves with, and this process's start-up."""
     return Ready(
         int(engine.max_model_len),
-        engine.tokenizer,
+        engine.tokenizer if core_sends_tokenizer(factory) else None,
         engine.model_dir,
         getattr(engine, "limits", None),
         tuple(getattr(engine, "stop_ids", ())),
@@ -148,7 +149,7 @@ def run_core(conn: Connection) -> None:
         relay = RelaySink()
         attach_metrics(engine, relay)
         core = EngineCore(conn, engine, relay)
-        send(conn, ready(engine, clock, core))
+        send(conn, ready(engine, clock, core, start.factory))
         core.run()
     except _Stop:
         pass

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ray import serve
@@ -28,7 +29,7 @@ from deployments.metrics_sink import RayMetricsSink, attach_ray_metrics
 from deployments.model_source import served_model_name
 from deployments.openai_api import ApiConfig, OpenAIReplica
 from shortconv.engine.stats import StartupReport
-from workers.cpu_threads import follow_reservation
+from workers.cpu_threads import follow_reservation, reserved_cpus, threads_for
 from workers.startup import PhaseClock
 
 __all__ = ["LLMServer", "build_engine", "start_engine", "startup_summary"]
@@ -71,17 +72,37 @@ def share_the_gil(interval_ms: float) -> None:
     serve_log.info("GIL switch interval %.2f ms", interval_ms)
 
 
+def launch_core(args: AppArgs, engine_factory: str | None) -> Callable[[], CoreEngine] | None:
+    """Start the engine core process now (`engine_process`, tp_size=1), before this process
+    imports torch, so the two start side by side; the call returned waits for it. None: the
+    engine runs in this process (or outside Ray, where `start_engine` starts the core).
+    NOTE: Ray reserved this replica's CPUs already, so the core's torch threads (the count
+    `follow_reservation` sets here too) are known without torch."""
+    cpus = reserved_cpus()
+    if not (args.engine_process and args.tp_size == 1) or cpus is None:
+        return None
+    return CoreEngine.launch(args.model_dump(), engine_factory, threads_for(cpus))
+
+
 def start_engine(
-    args: AppArgs, engine_factory: str | None, clock: PhaseClock, threads: int
+    args: AppArgs,
+    engine_factory: str | None,
+    clock: PhaseClock,
+    threads: int,
+    launched: Callable[[], CoreEngine] | None = None,
 ) -> EngineLike:
-    """The replica's engine: in its own core process (`engine_process`, tp_size=1), else in
-    this one. The core's start is one phase here; its own phases are its start-up report."""
-    if args.engine_process and args.tp_size == 1:
+    """The replica's engine: in its own core process (`engine_process`, tp_size=1; `launched`
+    by `launch_core`, else started here), else in this one. The core's start is one phase here;
+    its own phases are its start-up report."""
+    if launched is None and args.engine_process and args.tp_size == 1:
+        launched = CoreEngine.launch(args.model_dump(), engine_factory, threads)
+    if launched is not None:
         t0 = time.perf_counter()
-        core = CoreEngine.spawn(args.model_dump(), engine_factory, threads)
+        core = launched()
         waited, phases = time.perf_counter() - t0, dict(core.core_report.phases)
-        # NOTE: the core's phases are the replica's start path; before them, its interpreter.
-        clock.phases.append(("core_process", waited - sum(phases.values())))
+        # NOTE: the core's phases are the replica's start path; before them, its interpreter
+        # (0 when the core was ready before the replica's own imports were done).
+        clock.phases.append(("core_process", max(0.0, waited - sum(phases.values()))))
         clock.add(phases)
         serve_log.info("engine core process %d ready", core.pid)
         return core
@@ -98,17 +119,21 @@ class LLMServer(OpenAIReplica):
         args: dict[str, Any],
         engine_factory: str | None = None,
     ) -> None:
-        import torch  # NOTE: here: the app's build task imports this module, never torch
-
-        app_args = AppArgs.model_validate(args)
         clock = PhaseClock()  # NOTE: first, so `before_s` is the process's life before us
-        share_the_gil(app_args.gil_switch_interval_ms)
-        # tp_size > 1: the ranks compute, each following its own reservation.
-        threads = (
-            follow_reservation("replica") if app_args.tp_size == 1 else torch.get_num_threads()
-        )
+        app_args = AppArgs.model_validate(args)
+        launched = launch_core(app_args, engine_factory)  # NOTE: before torch's import
+        with clock.phase("imports"):  # the core starts meanwhile, when there is one
+            import torch  # NOTE: here: the app's build task imports this module, never torch
+
+            share_the_gil(app_args.gil_switch_interval_ms)
+            # tp_size > 1: the ranks compute, each following its own reservation.
+            threads = (
+                follow_reservation("replica") if app_args.tp_size == 1 else torch.get_num_threads()
+            )
         # NOTE: loading happens off the event loop so the replica stays responsive to Serve.
-        engine = await asyncio.to_thread(start_engine, app_args, engine_factory, clock, threads)
+        engine = await asyncio.to_thread(
+            start_engine, app_args, engine_factory, clock, threads, launched
+        )
         with clock.phase("processor"):  # the checkpoint's processor, for chat images
             images = await asyncio.to_thread(ChatImages.for_engine, engine, app_args.images)
         with clock.phase("loop"):

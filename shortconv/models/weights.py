@@ -12,6 +12,7 @@ from torch import nn
 from shortconv.errors import CheckpointError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.linear import load_shard_
+from shortconv.models.mapped import adopt_, can_adopt
 
 # Per-expert layout (original LFM2-MoE release): experts.{e}.w1/w3/w2.weight → fused tensors.
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<w>w1|w2|w3)\.weight$")
@@ -62,7 +63,10 @@ class WeightLoader:
         param = self.params[name]
         if tensor.dim() == param.dim() + 1 and tensor.shape[1] == 1 and "conv" in name:
             tensor = tensor.squeeze(1)  # depthwise Conv1d weight [C, 1, W] → [C, W]
-        load_shard_(param, tensor, self.tp, hf_name)
+        if can_adopt(param, tensor, self.tp):
+            adopt_(param, tensor)  # the checkpoint's mapped pages, no copy
+        else:
+            load_shard_(param, tensor, self.tp, hf_name)
         self.loaded.add(name)
 
     def _fuse_experts(self) -> None:

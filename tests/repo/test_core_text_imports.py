@@ -1,0 +1,41 @@
+"""What the engine core process must not import on the CPU text path: Triton (the GPU kernels;
+`import triton` is seconds on the 2-core machine) and torchvision (the vision models'
+processors). The probe builds the tiny LFM2 engine as the core does (deployments/engine_core.py)
+in a fresh interpreter and lists what of these it imported (docs/serving_path.md, "Start-up")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("triton", "torchvision")
+
+PROBE = f"""
+import sys
+import deployments.engine_core
+from deployments.args import AppArgs
+from deployments.engine_build import make_engine
+from workers.startup import PhaseClock
+engine = make_engine(AppArgs(model=sys.argv[1], device="cpu"), None, PhaseClock())
+engine.shutdown()
+print(",".join(m for m in {HEAVY!r} if m in sys.modules))
+"""
+
+
+def test_core_text_path_imports_no_gpu_or_vision_stack(tmp_path: Path) -> None:
+    from shortconv.tiny.checkpoint import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint("lfm2", tmp_path / "lfm2", seed=1)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(ckpt)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1:] in ([], [""]), f"imported {out.stdout.strip()}"

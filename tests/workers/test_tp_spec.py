@@ -15,7 +15,6 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray_env import private_ray  # noqa: E402
 
 from shortconv.configs.config import EngineConfig  # noqa: E402
 from shortconv.engine.llm_engine import LLMEngine  # noqa: E402
@@ -31,17 +30,12 @@ from tests.engine.test_spec_decode import (  # noqa: E402
     make_ckpt,
     run,
 )
+from tests.workers.test_tp import ray_runtime  # noqa: E402, F401 (the module's Ray runtime)
 from workers.ray_executor import RayExecutor  # noqa: E402
 
 KW = {"kv_page_size": 4, "max_num_batched_tokens": 16, "max_prefill_tokens_while_decoding": 8}
 OFF = replace(GREEDY, max_tokens=24, speculative=False)
 PARAMS = [replace(GREEDY, max_tokens=24), OFF, replace(GREEDY, max_tokens=24)] * 2
-
-
-@pytest.fixture(scope="module")
-def ray_runtime() -> Iterator[None]:
-    with private_ray("scsp-", num_cpus=2):
-        yield
 
 
 @dataclass
@@ -56,7 +50,7 @@ class Tp2:
 
 
 @pytest.fixture(scope="module", params=["lfm2", "zaya1"])
-def tp2(request, ray_runtime, tmp_path_factory) -> Iterator[Tp2]:  # noqa: ANN001
+def tp2(request, ray_runtime, tmp_path_factory) -> Iterator[Tp2]:  # noqa: ANN001, F811
     ckpt = make_ckpt(request.param, tmp_path_factory.mktemp(request.param))
     spec = plan_worker_spec(ckpt, EngineConfig(speculative_config=SPEC, **KW), "float32")  # type: ignore[arg-type]
     executor = RayExecutor(spec, 2, num_cpus_per_worker=0.5)

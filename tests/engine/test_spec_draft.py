@@ -44,7 +44,7 @@ def draft_spec(draft: Path) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("spec_draft")
-    found = {arch: make_ckpt(arch, base / arch) for arch in ("lfm2", "zaya1", "lfm2_moe")}
+    found = {arch: make_ckpt(arch, base / arch) for arch in ("lfm2", "zaya1", "lfm2_moe", "lfm3")}
     # its first 3 layers: conv, conv, attention
     found["lfm2_cut"] = truncated_checkpoint(found["lfm2"], 3, base / "lfm2_cut")
     return found
@@ -87,7 +87,16 @@ def assert_draft_greedy(draft: Path, seen: list[tuple[list[int], tuple[int, ...]
         assert tuple(want) == proposals, (tokens, proposals, want)
 
 
-PAIRS = [("lfm2", "zaya1"), ("zaya1", "lfm2"), ("lfm2", "lfm2_moe"), ("lfm2", "lfm2_cut")]
+# LFM3 both ways: a sliding-window target frees window pages after acceptance only; a
+# sliding-window draft keeps every page and rewrites its rejected positions.
+PAIRS = [
+    ("lfm2", "zaya1"),
+    ("zaya1", "lfm2"),
+    ("lfm2", "lfm2_moe"),
+    ("lfm2", "lfm2_cut"),
+    ("lfm3", "lfm2"),
+    ("lfm2", "lfm3"),
+]
 
 
 @pytest.mark.parametrize(("target", "draft"), PAIRS)

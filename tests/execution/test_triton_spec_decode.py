@@ -1,6 +1,6 @@
 """Speculative decoding on the GPU (Triton) path, on CPU under `TRITON_INTERPRET=1`: verify rows
-run the Triton extend kernels (short conv, CCA, paged attention) and give what the same path
-gives with speculation off."""
+run the Triton extend kernels (short conv, CCA, paged attention, fused MoE) and give what the
+same path gives with speculation off, for n-gram and draft-model proposals."""
 
 from __future__ import annotations
 
@@ -20,9 +20,16 @@ pytest.importorskip("triton")
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 PROMPTS = [[5, 9, 13, 5, 9, 13, 5, 9], [7, 8, 7, 8, 7, 8, 7], [6, 7, 8, 10, 6, 7, 8, 10, 6]]
-# Fewer layers than the presets (each costs the interpreter seconds), every stateful kind kept.
+# Fewer layers than the presets (each costs the interpreter seconds), every stateful kind kept:
+# LFM2-MoE's attention layer is a MoE one, LFM3 keeps a sliding layer (window 8: two 4-token
+# pages) beside its full one.
 OVERRIDES = {
     "lfm2": {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"]},
+    "lfm2_moe": {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"]},
+    "lfm3": {
+        "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "conv", "full_attention"],
+    },
     "zaya1": {"num_hidden_layers": 2},
 }
 
@@ -39,15 +46,32 @@ def generate(path: Path, spec: dict[str, object] | None) -> tuple[list[list[int]
     return [done[i] for i in ids], proposed, accepted
 
 
+def tiny(arch: str, out: Path) -> Path:
+    overrides = {"vocab_size": 16, **OVERRIDES[arch]}
+    return make_tiny_checkpoint(arch, out / arch, overrides, seed=11, with_tokenizer=False)
+
+
 @pytest.mark.parametrize("arch", sorted(OVERRIDES))
 def test_verify_rows_on_the_triton_path(
     arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    overrides = {"vocab_size": 16, **OVERRIDES[arch]}
-    path = make_tiny_checkpoint(arch, tmp_path, overrides, seed=11, with_tokenizer=False)
+    path = tiny(arch, tmp_path)
     calls: Counter[str] = force_triton_path(monkeypatch)
     ref, _, _ = generate(path, None)
     ours, proposed, accepted = generate(path, SPEC)
+    assert ours == ref
+    assert 0 < accepted < proposed, (proposed, accepted)
+    assert calls["paged_attention_extend_triton"] > 0, calls
+
+
+def test_a_draft_model_on_the_triton_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LFM2 target, ZAYA1 draft: both the target's verify rows and the draft's catch-up and
+    proposal forwards run the Triton kernels."""
+    target, draft = tiny("lfm2", tmp_path), tiny("zaya1", tmp_path)
+    calls: Counter[str] = force_triton_path(monkeypatch)
+    ref, _, _ = generate(target, None)
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    ours, proposed, accepted = generate(target, spec)
     assert ours == ref
     assert 0 < accepted < proposed, (proposed, accepted)
     assert calls["paged_attention_extend_triton"] > 0, calls

@@ -34,8 +34,10 @@ _LABEL_VALUES = {
     "method": METHODS,
 }
 
-# Accepted proposals per verify row: whole numbers up to the largest k worth running.
-ACCEPTED_LENGTH_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 12.0, 16.0)
+# Accepted proposals per verify row: whole numbers up to the largest k worth running. Bounds
+# sit halfway between them because Ray's Histogram refuses a 0 boundary (every replica's
+# metrics sink then fails to start); le="0.5" counts the rows that accepted nothing.
+ACCEPTED_LENGTH_BUCKETS = (0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 12.5, 16.5)
 
 # vLLM's ladders; ITL and step time get sub-10 ms buckets since a short-conv decode step is fast.
 TTFT_BUCKETS = (

@@ -66,9 +66,9 @@ def test_exporter_series_from_start_and_after_verifies() -> None:
     )
     assert _value(text, "shortconv_spec_decode_accepted_length_count") == 3
     assert _value(text, "shortconv_spec_decode_accepted_length_sum") == 5
-    assert _value(text, 'shortconv_spec_decode_accepted_length_bucket{le="0.0"}') == 1
-    assert _value(text, 'shortconv_spec_decode_accepted_length_bucket{le="1.0"}') == 1
-    assert _value(text, 'shortconv_spec_decode_accepted_length_bucket{le="2.0"}') == 2
+    assert _value(text, 'shortconv_spec_decode_accepted_length_bucket{le="0.5"}') == 1
+    assert _value(text, 'shortconv_spec_decode_accepted_length_bucket{le="1.5"}') == 1
+    assert _value(text, 'shortconv_spec_decode_accepted_length_bucket{le="2.5"}') == 2
     rec.record(replace(K3, spec_decode_accepted_lengths=(1, 0, 1, 1)))  # no new rows
     text = pc.generate_latest(sink.registry).decode()
     assert _value(text, "shortconv_spec_decode_accepted_length_count") == 3
@@ -108,3 +108,15 @@ def test_engine_run_figures_agree(tmp_path: Path) -> None:
     assert sum(snapshot["spec_decode_num_accepted_tokens_per_pos"].values()) == accepted
     lengths = snapshot["spec_decode_accepted_lengths"]
     assert sum(lengths) == drafts and sum(n * c for n, c in enumerate(lengths)) == accepted
+
+
+def test_every_histogram_is_one_ray_accepts() -> None:
+    """Ray's Histogram refuses a boundary <= 0: one such bucket made every replica's metrics
+    sink fail to start (serve run answered 503 for ever). Checked here, without Ray running."""
+    from ray.util.metrics import Histogram
+
+    from shortconv.metrics.defs import METRICS
+
+    for m in METRICS:
+        if m.buckets:
+            Histogram(f"bounds_check_{m.name}", boundaries=list(m.buckets))

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from image_server import data_url, image_bytes
 
-from deployments.openai_errors import APIError
-from deployments.openai_protocol import ChatCompletionRequest
-from deployments.replica_api import Reply, RequestContext
-from deployments.responses_api import ResponsesService
-from deployments.responses_images import REF_PREFIX, restore, stash
-from deployments.responses_protocol import ResponsesRequest
-from deployments.responses_store import LocalStore, ResponseStore
+from deployments.frontend.openai.errors import APIError
+from deployments.frontend.openai.protocol import ChatCompletionRequest
+from deployments.frontend.openai.replica import Reply, RequestContext
+from deployments.frontend.responses.api import ResponsesService
+from deployments.frontend.responses.images import REF_PREFIX, restore, stash
+from deployments.frontend.responses.protocol import ResponsesRequest
+from deployments.frontend.responses.store import LocalStore, ResponseStore
 
 PNG = image_bytes((40, 24), "png", seed=1)
 URL = data_url(PNG)

@@ -137,7 +137,7 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
         return respond(await replica(request).reset_prefix_cache())
 
     store = store or LocalStore(ResponseStore(cfg.responses_ttl_s, cfg.max_stored_responses))
-    service = ResponsesService(connect, store, cfg.model_name)
+    service = ResponsesService(connect, store, cfg.model_name, as_api_error)
     install_responses_routes(
         app,
         service,

@@ -8,7 +8,7 @@ Learnt two ways, as for sessions (deployments/serve/router.py):
 Keyed by replica id, so a replica that joins strands nothing and one that leaves only drops
 its claims. Hash i of a chain covers the whole prefix up to block i (deployments/frontend/routing/prefix_key.py),
 so the deepest hash some live replica holds is the longest shared prefix.
-A replica's own claims are its `PrefixRecord`.
+A replica's own claims are its `PrefixRecord` (deployments/frontend/routing/prefix_record.py).
 """
 
 from __future__ import annotations
@@ -64,30 +64,3 @@ def hashes_of(kwargs: dict[str, Any] | None) -> list[int]:
     """The prefix key of a handle call (its `ctx` kwarg, set by the ingress); [] without one."""
     ctx = (kwargs or {}).get("ctx")
     return list(ctx.prefix_hashes) if isinstance(ctx, RequestContext) else []
-
-
-class PrefixRecord:
-    """The prefix hashes of requests this replica served, least recently used dropped first;
-    reported to the router (`record_routing_stats`) as a sorted list, so the report changes
-    only when a hash comes or goes. NOTE: a claim, not a promise: the engine may have evicted
-    that prefix since; routing on a stale claim costs a prefill, never a wrong answer."""
-
-    def __init__(self, capacity: int = 4096) -> None:
-        self.capacity = capacity
-        self._lru: OrderedDict[int, None] = OrderedDict()
-
-    def add(self, hashes: Iterable[int]) -> None:
-        for h in hashes:
-            self._lru[h] = None
-            self._lru.move_to_end(h)
-        while len(self._lru) > self.capacity:
-            self._lru.popitem(last=False)
-
-    def clear(self) -> None:
-        self._lru.clear()
-
-    def report(self) -> list[int]:
-        return sorted(self._lru)
-
-    def __len__(self) -> int:
-        return len(self._lru)

@@ -26,9 +26,9 @@ from deployments.frontend.routing.prefix_key import (
     chat_prefix,
     completion_prefix,
 )
+from deployments.frontend.routing.prefix_record import PrefixRecord
 from deployments.serve.handle_replica import HandleReplica
 from deployments.serve.ingress import IngressConfig, build_ingress_app
-from deployments.serve.prefix_owners import PrefixRecord
 
 SYSTEM = "s" * 512
 

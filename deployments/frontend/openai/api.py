@@ -36,9 +36,9 @@ from deployments.frontend.openai.tokenize import (
     tokenize,
 )
 from deployments.frontend.openai.tools import ToolPlan, chat_grammar, plan_tools
+from deployments.frontend.routing.prefix_record import PrefixRecord
 from deployments.frontend.tools.parsers import parser_for_template
 from deployments.frontend.tools.stream import special_pattern
-from deployments.serve.prefix_owners import PrefixRecord
 from shortconv.sampling.grammar import GrammarError
 from shortconv.sampling.sampling_params import SamplingParams
 

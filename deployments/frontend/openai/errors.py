@@ -4,6 +4,7 @@ the ingress."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 RETRY_AFTER_S = 1  # what a 503 tells clients to wait: a queue slot frees within a few steps
@@ -43,3 +44,8 @@ class APIError(Exception):
                 "code": self.code,
             }
         }
+
+
+# What a transport's failure is as an answer: the Serve layer's names Ray's errors
+# (deployments/serve/handle_replica.py), so the frontend never imports Ray to read them.
+ErrorOf = Callable[[BaseException], APIError]

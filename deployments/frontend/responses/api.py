@@ -17,6 +17,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.frontend.openai.errors import ErrorOf
 from deployments.frontend.openai.protocol import ChatCompletionRequest
 from deployments.frontend.openai.replica import Replica, Reply, RequestContext
 from deployments.frontend.responses.convert import (
@@ -33,7 +34,6 @@ from deployments.frontend.responses.protocol import ResponsesRequest
 from deployments.frontend.responses.store import Images, Store
 from deployments.frontend.responses.stream import Event, ResponseEvents
 from deployments.frontend.routing.prefix_key import chat_prefix
-from deployments.serve.handle_replica import as_api_error
 
 Connect = Callable[[str | None], Replica]
 
@@ -95,10 +95,14 @@ def _format(req: ResponsesRequest) -> dict[str, Any]:
 
 
 class ResponsesService:
-    """Create (whole or streamed), get and delete responses over the replicas."""
+    """Create (whole or streamed), get and delete responses over the replicas.
 
-    def __init__(self, connect: Connect, store: Store, model_name: str) -> None:
+    `as_error` names what a replica call raised as an APIError; the transport that `connect`
+    returns knows its own failures (Ray's, for the Serve layer), so it is given here, once."""
+
+    def __init__(self, connect: Connect, store: Store, model_name: str, as_error: ErrorOf) -> None:
         self.connect, self.store, self.model_name = connect, store, model_name
+        self.as_error = as_error
 
     async def plan(self, req: ResponsesRequest) -> _Turn:
         history: list[dict[str, Any]] = []
@@ -126,7 +130,7 @@ class ResponsesService:
         try:
             reply = await target.chat(turn.chat, ctx)
         except Exception as exc:  # the replica's refusal (wrapped by Ray), named for Responses
-            raise renamed(as_api_error(exc)) from None
+            raise renamed(self.as_error(exc)) from None
         choice = reply.body["choices"][0]
         items = output_items(choice["message"])
         status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
@@ -142,7 +146,7 @@ class ResponsesService:
         try:
             first = await anext(replies)
         except Exception as exc:  # the replica's refusal (wrapped by Ray), named for Responses
-            raise renamed(as_api_error(exc)) from None
+            raise renamed(self.as_error(exc)) from None
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
             async with aclosing(replies):  # type: ignore[type-var]

@@ -14,11 +14,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
+from deployments.frontend.openai.errors import ErrorOf
 from deployments.frontend.openai.replica import REPLICA_HEADER, Reply
 from deployments.frontend.responses.api import ResponsesService
 from deployments.frontend.responses.protocol import ResponsesRequest
 from deployments.frontend.responses.stream import Event
-from deployments.serve.handle_replica import as_api_error
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,9 @@ def install_responses_routes(
             return respond(await service.create(req))
         replica_id, events = await service.stream(req)
         headers = {"cache-control": "no-cache", REPLICA_HEADER: replica_id}
-        return StreamingResponse(_sse(events), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(
+            _sse(events, service.as_error), media_type="text/event-stream", headers=headers
+        )
 
     @app.get("/v1/responses/{response_id}")
     async def get(request: Request, response_id: str) -> Response:
@@ -57,7 +59,7 @@ def install_responses_routes(
         return JSONResponse(await service.delete(response_id))
 
 
-async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[str]:
+async def _sse(events: AsyncIterator[Event], as_error: ErrorOf) -> AsyncIterator[str]:
     # NOTE: aclosing: a client that disconnects closes `events`, which cancels the replica call.
     async with aclosing(events):  # type: ignore[type-var]
         try:
@@ -65,7 +67,7 @@ async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[str]:
                 yield _frame(event)
         except Exception as exc:  # the response has started: the status cannot change any more
             log.warning("responses stream from the replica broke: %s", exc)
-            err = as_api_error(exc)
+            err = as_error(exc)
             yield _frame({"type": "error", "code": err.code, "message": err.message, "param": None})
 
 

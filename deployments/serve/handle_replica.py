@@ -45,7 +45,8 @@ def as_api_error(exc: BaseException) -> APIError:
 
 
 class HandleReplica:
-    """`Replica` (deployments/frontend/openai/replica.py) over a handle, for one request's session."""
+    """`Replica` (deployments/frontend/openai/replica.py) over a handle, for one request's
+    session."""
 
     def __init__(self, handle: DeploymentHandle, session_id: str | None = None) -> None:
         # NOTE: the session id as a handle option: SessionAffinityRouter reads it from the

@@ -6,7 +6,8 @@ only the ASGI scope, and the body is pulled later), so routing on the prompt nee
 read it first (Ray Serve LLM's ingress does the same). Here: the API key (401; before the body,
 so strangers cannot make us buffer), the body under `max_request_bytes` (413), JSON and the
 request schema (400 naming the field), the model name (404) and the session header; then the
-prompt's prefix key (deployments/frontend/routing/prefix_key.py) goes with the call, where SessionAffinityRouter
+prompt's prefix key (deployments/frontend/routing/prefix_key.py) goes with the call, where
+SessionAffinityRouter
 sees it. Streams are framed as server-sent events here, chunk by chunk as the replica makes
 them; a client that disconnects cancels the call, so the replica aborts and frees its slot.
 /health and /openapi.json are open (probes and the request schemas carry no data).

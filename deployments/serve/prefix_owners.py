@@ -6,7 +6,8 @@ Learnt two ways, as for sessions (deployments/serve/router.py):
   * this router's own record of where it last sent each hash, right at once, so the second
     request of a burst follows the first before any report arrives.
 Keyed by replica id, so a replica that joins strands nothing and one that leaves only drops
-its claims. Hash i of a chain covers the whole prefix up to block i (deployments/frontend/routing/prefix_key.py),
+its claims. Hash i of a chain covers the whole prefix up to block i
+(deployments/frontend/routing/prefix_key.py),
 so the deepest hash some live replica holds is the longest shared prefix.
 A replica's own claims are its `PrefixRecord` (deployments/frontend/routing/prefix_record.py).
 """

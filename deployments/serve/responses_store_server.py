@@ -31,7 +31,8 @@ class ResponseStoreServer(LocalStore):
 
 
 class HandleStore:
-    """`Store` (deployments/frontend/responses/store.py) over the ResponseStore deployment's handle."""
+    """`Store` (deployments/frontend/responses/store.py) over the ResponseStore deployment's
+    handle."""
 
     def __init__(self, handle: DeploymentHandle) -> None:
         self.handle = handle

@@ -15,7 +15,8 @@ the request spills to the least-loaded other replica — queue lengths come from
 and cache (`_select_from_candidate_replicas`), not from this class.
 
 Requests without a known session owner that carry a prefix key (`prefix_hashes`, set by the
-ingress; deployments/frontend/routing/prefix_key.py) go the same way to the replicas holding the longest prefix
+ingress; deployments/frontend/routing/prefix_key.py) go the same way to the replicas holding the
+longest prefix
 of it (deployments/serve/prefix_owners.py: replicas' `routing_stats["prefixes"]` plus this router's
 own record): holders first, the rest second, the same spill rules. Anything else goes to the
 least-loaded replica, preferring this node's (LocalityMixin).

@@ -59,14 +59,16 @@ class AppArgs(EngineArgs):
     the Serve options derived from it).
     `responses_ttl_s` / `max_stored_responses`: how long a stored Responses API response (and
     its conversation, for `previous_response_id`) is kept (by the ingress, or by the app's
-    ResponseStore deployment where ingress replicas share one: deployments/serve/app.py), and how many
+    ResponseStore deployment where ingress replicas share one: deployments/serve/app.py), and how
+    many
     at once (the oldest go first); deployments/frontend/responses/store.py.
     `gil_switch_interval_ms`: the replica process's `sys.setswitchinterval`, how long a Python
     thread may keep the GIL while another waits for it (Python's default: 5 ms). The engine
     thread waits for it after every op while Serve's event loops relay the last step's tokens,
     so it is shorter by default (deployments/serve/server.py).
     `engine_process`: run the engine (scheduler, cache manager, rank 0) in a core process of
-    its own that the replica spawns and owns (deployments/frontend/engine/engine_core.py), so no Serve event
+    its own that the replica spawns and owns (deployments/frontend/engine/engine_core.py), so no
+    Serve event
     loop shares its GIL; False steps it on a thread of the replica. tp_size > 1 keeps the
     thread for now (the TP driver needs the replica's Ray runtime).
     `engine_niceness`: the core process's nice value. Ray starts its workers, so the replica and
@@ -89,7 +91,8 @@ class AppArgs(EngineArgs):
     api_key: str | None = None  # None: $SHORTCONV_API_KEY if set, else no auth
     model_root: str | None = None
     seed: int = 0
-    # "all": the whole node for one replica (deployments/serve/cpu_plan.py); torch threads follow it.
+    # "all": the whole node for one replica (deployments/serve/cpu_plan.py); torch threads follow
+    # it.
     replica_num_cpus: Annotated[float, Field(gt=0)] | Literal["all"] = 0.5
     responses_ttl_s: float = Field(3600.0, gt=0)
     max_stored_responses: int = Field(10_000, ge=1)

@@ -109,7 +109,8 @@ class CoreEngine:
 
     @classmethod
     def spawn(cls, args: dict[str, Any], factory: str | None, threads: int) -> CoreEngine:
-        """A fresh interpreter (`python -m deployments.frontend.engine.engine_core`), like multiprocessing's
+        """A fresh interpreter (`python -m deployments.frontend.engine.engine_core`), like
+        multiprocessing's
         spawn but without re-running this process's main module (a Ray worker's, pytest's):
         its end of the pipe is passed as an inherited fd, its start arguments as the first
         message. NOTE: never fork a process that holds Ray's threads."""

@@ -1,7 +1,8 @@
 """The engine core process: a replica's LLMEngine (scheduler, cache manager, rank 0 or the TP
 driver) stepping in a process of its own, so no Serve event loop shares its GIL.
 
-`run_core` is the process's target (spawned: deployments/frontend/engine/core_client.py). It builds the engine,
+`run_core` is the process's target (spawned: deployments/frontend/engine/core_client.py). It builds
+the engine,
 says `Ready`, then loops: take every waiting command, step, send the step's deltas as one
 `StepOut`. Detokenization and stop strings stay here, inside `LLMEngine.step` (why:
 docs/serving_path.md). It exits when told to, when its loop crashes (after `Died`), and when

@@ -135,7 +135,8 @@ class Delta:
 @dataclass(frozen=True)
 class CoreOutput:
     """One request's delta of one step, as an engine in another process hands it over
-    (deployments/frontend/engine/core_client.py); the loop takes it where it takes a RequestOutput."""
+    (deployments/frontend/engine/core_client.py); the loop takes it where it takes a
+    RequestOutput."""
 
     request_id: str
     delta: Delta

@@ -2,7 +2,8 @@
 here for its prompt (a text-only request never does, and keeps the tokenizer's chat template).
 
 Fetching and decoding (deployments/frontend/openai/images.py) run on the replica's event loop and in
-worker threads, the processor (deployments/frontend/images/mm_prompt.py) in a worker thread: none of it on the
+worker threads, the processor (deployments/frontend/images/mm_prompt.py) in a worker thread: none of
+it on the
 engine's step thread, so a large image never stalls other requests' decoding. What they give
 the engine is token ids with placeholders and one engine image per image.
 """

@@ -3,7 +3,8 @@
 Downloads are async (httpx, on the replica's event loop): the body streams in and is cut off
 past `max_bytes`, the whole fetch (redirects included) runs under one `fetch_timeout_s`, and
 redirects are followed by hand so that each hop's scheme is checked and counted, and each hop's
-host is checked and connected to at its checked address (deployments/frontend/images/hosts.py). Every
+host is checked and connected to at its checked address (deployments/frontend/images/hosts.py).
+Every
 refusal is an `ImageError` whose message a client can act on; the caller names the content part.
 """
 

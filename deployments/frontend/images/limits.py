@@ -1,7 +1,7 @@
 """The limits on a request's images (the YAML `args: images:` block), validated at the edge.
 
 Every image of a chat request is fetched (an http(s) URL) or decoded from its `data:` URL by
-the replica (deployments/frontend/images/fetch.py, image_decode.py), within these limits; breaking one
+the replica (deployments/frontend/images/fetch.py, decode.py), within these limits; breaking one
 is a 400 naming the content part (deployments/frontend/openai/images.py).
 """
 
@@ -24,7 +24,8 @@ class ImageLimits(BaseModel):
     read from its header before it is decoded; `fetch_timeout_s`: one URL's whole download,
     redirects included; `max_redirects`: followed per URL, each hop's scheme checked again;
     `schemes`: the URL schemes accepted; `allow_private_networks`: let URLs reach loopback,
-    private, link-local and other local addresses (refused by default: deployments/frontend/images/hosts.py);
+    private, link-local and other local addresses (refused by default:
+    deployments/frontend/images/hosts.py);
     `allowed_hosts`: if set, the only host names an http(s) URL (and each redirect) may name,
     matched exactly, ignoring case."""
 

@@ -1,7 +1,9 @@
 """The Responses API at the ingress: each `POST /v1/responses` becomes a chat call on a replica
-(deployments/frontend/responses/convert.py) under the conversation's session, and its answer a response.
+(deployments/frontend/responses/convert.py) under the conversation's session, and its answer a
+response.
 
-A stored conversation is a session (deployments/frontend/responses/store.py): its first response's id
+A stored conversation is a session (deployments/frontend/responses/store.py): its first response's
+id
 is the session id of every later turn, so SessionAffinityRouter sends a turn naming
 `previous_response_id` to the replica that holds the conversation's state, exactly as it sends
 an `x-session-id` turn, and the engine resumes from the kept checkpoint there (the turn's

@@ -1,6 +1,5 @@
 """Chat chunks -> Responses events (deployments/frontend/responses/stream.py), checked by the
-`openai`
-client's own event types, and input items -> chat messages (responses_convert.py)."""
+`openai` client's own event types, and input items -> chat messages (responses/convert.py)."""
 
 from __future__ import annotations
 

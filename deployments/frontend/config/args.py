@@ -60,8 +60,7 @@ class AppArgs(EngineArgs):
     `responses_ttl_s` / `max_stored_responses`: how long a stored Responses API response (and
     its conversation, for `previous_response_id`) is kept (by the ingress, or by the app's
     ResponseStore deployment where ingress replicas share one: deployments/serve/app.py), and how
-    many
-    at once (the oldest go first); deployments/frontend/responses/store.py.
+    many at once (the oldest go first); deployments/frontend/responses/store.py.
     `gil_switch_interval_ms`: the replica process's `sys.setswitchinterval`, how long a Python
     thread may keep the GIL while another waits for it (Python's default: 5 ms). The engine
     thread waits for it after every op while Serve's event loops relay the last step's tokens,

@@ -3,8 +3,7 @@ grammar a forced choice decodes under, and the model's output turned into OpenAI
 
 `auto`: the model writes calls in its family's own syntax (the chat template teaches it) and the
 family parser (deployments/frontend/tools/parsers.py) extracts them. `required` and a named function
-are
-enforced by a grammar instead, so the arguments always match the tool's `parameters` schema:
+are enforced by a grammar instead, so the arguments always match the tool's `parameters` schema:
 the model writes JSON — the arguments object itself for a named function, a list
 `[{"name": ..., "arguments": {...}}]` of at most MAX_PARALLEL_CALLS for `required` — and that
 JSON becomes `tool_calls`.

@@ -3,8 +3,7 @@
 response.
 
 A stored conversation is a session (deployments/frontend/responses/store.py): its first response's
-id
-is the session id of every later turn, so SessionAffinityRouter sends a turn naming
+id is the session id of every later turn, so SessionAffinityRouter sends a turn naming
 `previous_response_id` to the replica that holds the conversation's state, exactly as it sends
 an `x-session-id` turn, and the engine resumes from the kept checkpoint there (the turn's
 `usage.input_tokens_details.cached_tokens` covers the earlier turns). The prompt is always the

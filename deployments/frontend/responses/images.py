@@ -2,8 +2,7 @@
 
 A Responses turn's `input_image` parts reach the replica as chat `image_url` parts
 (deployments/frontend/responses/convert.py). When the turn is stored, every data URL in its messages
-is
-replaced by a reference (`sha256:<hex>` of the image's bytes) and the decoded bytes are kept
+is replaced by a reference (`sha256:<hex>` of the image's bytes) and the decoded bytes are kept
 beside the messages under that digest, so a stored response holds each image once (a data
 URL's base64 is a third larger, and a long conversation would repeat it in every turn's
 entry). A later turn (`previous_response_id`) puts the data URLs back for the replica, which

@@ -5,8 +5,7 @@ Only what docs/openai_api.md lists for the Responses API: `input` (a string or i
 `tool_choice`, `stream`, `store` and `previous_response_id`. Fields that change nothing here
 are typed and ignored; anything else is refused naming itself (`extra="forbid"`), as on chat.
 Input items stay plain dicts here: deployments/frontend/responses/convert.py reads them one by one,
-so
-an item of an unknown type is a 400 naming `input.<i>.type`.
+so an item of an unknown type is a 400 naming `input.<i>.type`.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ The app keeps them in one place for every ingress replica
 a one-replica deployment); a test's in-process app keeps them in its own process (`LocalStore`).
 A conversation is one session: its first response's id is the session id every later turn is
 routed and served under (deployments/frontend/responses/api.py), so the next turn lands on the
-replica
-holding its state. The store keeps the conversation as chat messages too, so a turn whose
+replica holding its state. The store keeps the conversation as chat messages too, so a turn whose
 owner is gone is re-prefilled from it elsewhere; its images are kept once each by digest, as
 bytes, and its messages name them (deployments/frontend/responses/images.py), never a data URL.
 Entries live `ttl_s` after they were stored and at most `max_entries` at once (the oldest go

@@ -32,7 +32,7 @@ COPY --chown=ray:users deployments /tmp/shortconv-src/deployments
 RUN pip install --no-cache-dir "/tmp/shortconv-src[serve]" \
     && rm -rf /tmp/shortconv-src \
     && cd /home/ray \
-    && python -c "import shortconv, workers, deployments.app"
+    && python -c "import shortconv, workers, deployments.serve.app"
 
 # CPU variant: the AVX2 linears (shortconv/kernels/cpu_gemm.cpp) compile once with a C++
 # compiler into ~/.cache/shortconv/kernels; compiled here, the build ships in the image and a pod

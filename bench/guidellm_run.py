@@ -31,8 +31,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deployments.model_source import tiny_checkpoint  # noqa: E402
-from deployments.serve_run import serve_run  # noqa: E402
+from deployments.frontend.config.model_source import tiny_checkpoint  # noqa: E402
+from deployments.serve.serve_run import serve_run  # noqa: E402
 
 GUIDELLM = "guidellm==0.8.1"
 

@@ -99,7 +99,7 @@ LFM2_MOE_SMALL = {  # LFM2-MoE layout (dense layer 0, 8 experts top-2) at ~60M t
 HF_TARGET = 5.0  # workload b, bf16 on a GPU: ours / transformers
 # NOTE: what a run imports beyond the top of this file (the executor, the GPU kernels, the
 # oracle); --dry-run imports exactly these (the kernels only with --device cuda).
-RUN_IMPORTS = ("workers.local_executor", "transformers", "shortconv.configs.config")
+RUN_IMPORTS = ("shortconv.execution.local_executor", "transformers", "shortconv.configs.config")
 CUDA_IMPORTS = (
     "triton",
     "shortconv.kernels.conv1d_triton",

@@ -220,7 +220,7 @@ def launched(yaml_path: str, timeout_s: float, app_args: list[str]):  # noqa: AN
     import yaml
 
     sys.path.insert(0, str(ROOT))  # run from a source checkout
-    from deployments.serve_run import ServeRunError, serve_run
+    from deployments.serve.serve_run import ServeRunError, serve_run
 
     config = yaml.safe_load(Path(yaml_path).read_text())
     for item in app_args:

@@ -40,7 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from serve_load import stream_one  # noqa: E402
 from serve_procs import cpu_snapshot, cpu_used, ours, with_visible_tokens  # noqa: E402
 
-from deployments.async_engine import AsyncEngine  # noqa: E402
+from deployments.frontend.engine.async_engine import AsyncEngine  # noqa: E402
 from shortconv.configs.config import EngineConfig  # noqa: E402
 from shortconv.llm import build_engine  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402

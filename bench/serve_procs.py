@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from deployments.serve_run import serve_run
+from deployments.serve.serve_run import serve_run
 
 ROOT = Path(__file__).resolve().parents[1]
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")

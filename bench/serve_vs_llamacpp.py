@@ -46,7 +46,7 @@ from closed_loop import closed_loop  # noqa: E402
 from serve_load import Result, pct, stream_one  # noqa: E402
 from serve_procs import ours, tree_memory, with_visible_tokens  # noqa: E402
 
-from deployments.serve_run import free_port  # noqa: E402
+from deployments.serve.serve_run import free_port  # noqa: E402
 
 OFFLINE = "offline engine, same loop"
 

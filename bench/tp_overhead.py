@@ -36,7 +36,7 @@ def make_engine(model: Path, tp_size: int, dispatch: str | None) -> LLMEngine:
     eng = EngineConfig(max_num_seqs=8, num_kv_pages=64, num_state_slots=17)
     spec = plan_worker_spec(model, eng, "float32")
     if dispatch is None:
-        from workers.local_executor import LocalExecutor
+        from shortconv.execution.local_executor import LocalExecutor
 
         ex: BaseExecutor = LocalExecutor(spec)
     else:

@@ -1,8 +1,9 @@
 """Offline, vLLM-shaped API: `LLM(model=...).generate(...)`, and the engine factory.
 
-NOTE: this facade is the one module of `shortconv/` that names `workers/`: it picks the
-executor (in-process for tp_size=1, Ray actors above) and hands it to the engine. The Ray
-import stays inside `build_executor`, so tp_size=1 runs where Ray is not installed.
+NOTE: this facade picks the executor and hands it to the engine. tp_size=1 runs the runner in
+this process (shortconv/execution/local_executor.py, nothing above shortconv/); only tp_size > 1
+names `workers/` (its Ray actors), inside `build_executor`, so tp_size=1 runs where Ray is not
+installed and the engine never depends on the layers above it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from shortconv.sampling.sampling_params import SamplingParams
 def build_executor(spec: WorkerSpec, tp_size: int = 1, **ray_options: object) -> BaseExecutor:
     """LocalExecutor for tp_size=1 (no Ray), else a RayExecutor with `ray_options`."""
     if tp_size == 1:
-        from workers.local_executor import LocalExecutor
+        from shortconv.execution.local_executor import LocalExecutor
 
         return LocalExecutor(spec)
     from workers.ray_executor import RayExecutor

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from deployments.serve_run import (
+from deployments.serve.serve_run import (
     RAY_START_TIMED_OUT,
     free_port,  # noqa: F401  (re-exported for the tests)
 )

@@ -52,11 +52,11 @@ def serve_app(
     num_cpus: int = 4,
     **overrides: Any,
 ) -> Iterator[str]:
-    """Run `deployments.app` with `args` on a private Ray runtime; yields the base URL."""
+    """Run `deployments.serve.app` with `args` on a private Ray runtime; yields the base URL."""
     from ray import serve
     from ray_env import free_port, model_cache, private_ray  # not at module level: replicas
 
-    from deployments.app import build_app, parse_args
+    from deployments.serve.app import build_app, parse_args
 
     env_vars = {"XDG_CACHE_HOME": str(model_cache(tmp.parent)), **(env or {})}
     with private_ray("scrl-", env_vars, num_cpus=num_cpus):
@@ -158,7 +158,7 @@ def wait_idle(http: httpx.Client, num_replicas: int, timeout_s: float = 30.0) ->
 def faulty_engine(args: Any) -> Any:
     """The real engine with test-only faults keyed on the request's seed, a small KV pool (so
     decode growth preempts), and every preemption logged to $SCSV_FAULT_LOG."""
-    from deployments.model_source import resolve_model
+    from deployments.frontend.config.model_source import resolve_model
     from shortconv.llm import build_engine
 
     cfg = dataclasses.replace(
@@ -196,7 +196,7 @@ def replay_failing_engine(args: Any) -> Any:
     its first REPLAY_FAILURES replays after the forward ran (injected from test code:
     `graph_helpers.FailOnce`), so a replay failure is observed end to end: the step's state
     restored, the step recomputed eagerly, both counted."""
-    from deployments.server import build_engine
+    from deployments.serve.server import build_engine
     from tests.graph_helpers import FailOnce
 
     engine = build_engine(args)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from ray_env import model_cache
 
-from deployments.serve_run import serve_run
+from deployments.serve.serve_run import serve_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

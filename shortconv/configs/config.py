@@ -141,8 +141,8 @@ class EngineConfig:
     """Capacity and scheduling knobs of one engine (one replica).
 
     NOTE: a field's bounds are its `metadata` (`ge`/`gt`), checked here and read by the app's
-    args (deployments/args.py builds its pydantic fields from these fields), so a bound is
-    written once."""
+    args (deployments/frontend/config/args.py builds its pydantic fields from these fields), so a
+    bound is written once."""
 
     max_num_seqs: int = field(default=32, metadata={"ge": 1})
     max_num_batched_tokens: int = field(default=512, metadata={"ge": 1})

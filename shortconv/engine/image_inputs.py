@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 class Digested:
     """An image's content digest, computed on first use and kept with the image: only kept
     state (prefix caching, sessions) reads it, and the service computes it on the replica's
-    worker thread that made the image (deployments/mm_prompt.py), so a sha256 over every pixel
-    never runs on the engine loop there."""
+    worker thread that made the image (deployments/frontend/images/mm_prompt.py), so a sha256 over
+    every pixel never runs on the engine loop there."""
 
     pixel_values: torch.Tensor
     grids: Any

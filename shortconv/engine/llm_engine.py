@@ -340,7 +340,8 @@ class LLMEngine:
         self.refresh_metrics()
         return dropped
 
-    # ---- health and introspection (the Serve layer's view: deployments.engine_types) -------
+    # ---- health and introspection (the Serve layer's view:
+    # deployments.frontend.engine.engine_types) ---
     @property
     def sessions(self) -> SessionPins:
         """Sessions' pins on kept checkpoints (TTL, eviction, the ids this engine holds)."""

@@ -14,7 +14,7 @@ class FinishReason(StrEnum):
     LENGTH = "length"
     ABORT = "abort"
     ERROR = "error"
-    TIMEOUT = "timeout"  # the Serve layer's deadline (deployments/openai_format.py)
+    TIMEOUT = "timeout"  # the Serve layer's deadline (deployments/frontend/openai/format.py)
 
 
 @dataclass

@@ -12,8 +12,8 @@ from torch import nn
 
 from shortconv.execution.parallel import ParallelContext
 from shortconv.kernels.cpu_gemm import Q8Weight
-from shortconv.layers.linear_float import FLOAT, PackedWeight
-from shortconv.layers.linear_method import LinearMethod
+from shortconv.layers.linear_float import FLOAT
+from shortconv.layers.linear_method import LinearMethod, PackedWeight
 from shortconv.layers.shard import load_shard_, mark_rows, mark_shard
 
 __all__ = [

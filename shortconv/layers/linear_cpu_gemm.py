@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from shortconv.kernels.cpu_gemm import gemm_f32
-from shortconv.layers.linear_method import LinearMethod
-
-if TYPE_CHECKING:
-    from shortconv.layers.linear import LinearBase
+from shortconv.layers.linear_method import LinearLayer, LinearMethod
 
 # Rows up to which fp32 linears take the AVX2 kernel; `larger` above. Measured on the 2-core
 # AMD EPYC (AVX2) over LFM2-350M's MLP weights, 2 threads: 1.2-1.9x oneDNN at 1-16 rows, 1.1x
@@ -29,14 +25,14 @@ class CpuGemmLinear(LinearMethod):
     max_rows: int = CPU_GEMM_MAX_ROWS
     name: str = "cpu_gemm"
 
-    def process_after_load(self, layer: LinearBase) -> None:
+    def process_after_load(self, layer: LinearLayer) -> None:
         self.larger.process_after_load(layer)
 
-    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.numel() > self.max_rows * x.shape[-1]:
             return self.larger.apply(layer, x, bias)
         flat = x.reshape(-1, x.shape[-1])
         return gemm_f32(flat, layer.weight, bias).view(*x.shape[:-1], layer.weight.shape[0])
 
-    def onednn_weight(self, layer: LinearBase, rows: int) -> torch.Tensor | None:
+    def onednn_weight(self, layer: LinearLayer, rows: int) -> torch.Tensor | None:
         return self.larger.onednn_weight(layer, rows)

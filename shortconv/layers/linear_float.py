@@ -4,15 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from shortconv.layers.linear_method import LinearMethod
-
-if TYPE_CHECKING:
-    from shortconv.layers.linear import LinearBase
+from shortconv.layers.linear_method import LinearLayer, LinearMethod, PackedWeight
 
 # Weights at least this large (elements) run through oneDNN's inner product on CPU: for fp32 it
 # measured 1.2-3x faster than F.linear's default GEMM at decode batch sizes (1..128 rows) on the
@@ -36,15 +32,6 @@ _PACK_ROWS = 32
 # copy measured 1.3-2.6x faster than F.linear at 8..64 rows, while plain oneDNN at one row was
 # no faster or slower (a 256x1024 weight: 25 vs 20 us), so single rows keep F.linear there.
 PACK_MIN_WEIGHT = 1 << 18
-
-
-@dataclass(frozen=True)
-class PackedWeight:
-    """A oneDNN-blocked copy of a weight and the weight's version counter when it was made: a
-    later in-place change of the weight (version moves) makes the copy stale, and unused."""
-
-    tensor: torch.Tensor
-    version: int
 
 
 def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
@@ -76,7 +63,7 @@ class FloatLinear(LinearMethod):
 
     name: str = "float"
 
-    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
 
 
@@ -90,14 +77,14 @@ class OneDnnLinear(LinearMethod):
     prepack: bool
     name: str = "onednn"
 
-    def process_after_load(self, layer: LinearBase) -> None:
+    def process_after_load(self, layer: LinearLayer) -> None:
         layer.blocked = pack_weight(layer.weight) if self.prepack else None
 
-    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         w = self.onednn_weight(layer, x.numel() // max(1, x.shape[-1]))
         return F.linear(x, layer.weight, bias) if w is None else onednn_linear(x, w, bias)
 
-    def onednn_weight(self, layer: LinearBase, rows: int) -> torch.Tensor | None:
+    def onednn_weight(self, layer: LinearLayer, rows: int) -> torch.Tensor | None:
         blocked = layer.blocked
         if blocked is not None and rows >= PACKED_MIN_ROWS:
             if blocked.version == layer.weight._version:

@@ -12,12 +12,31 @@ wrapper (LoRA, docs/lora.md) can delegate to a base method without copying its s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from shortconv.layers.linear import LinearBase
+from shortconv.kernels.cpu_gemm import Q8Weight
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A oneDNN-blocked copy of a weight and the weight's version counter when it was made: a
+    later in-place change of the weight (version moves) makes the copy stale, and unused."""
+
+    tensor: torch.Tensor
+    version: int
+
+
+class LinearLayer(Protocol):
+    """What a method sees of its layer (layers.linear.LinearBase): the weight, and the slots
+    where methods keep what they derive from it. A protocol, so the methods need not import
+    the layers that hold them."""
+
+    weight: torch.nn.Parameter
+    blocked: PackedWeight | None
+    q8: Q8Weight | None
 
 
 class LinearMethod:
@@ -27,14 +46,14 @@ class LinearMethod:
     #: A short name for the start-up log and tests ("float", "onednn", "cpu_gemm", "q8").
     name: str = "base"
 
-    def process_after_load(self, layer: LinearBase) -> None:
+    def process_after_load(self, layer: LinearLayer) -> None:
         """Turn the loaded float weight into this method's layout (once, on each rank, after
         its shard is loaded). The float layout needs nothing."""
 
-    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
-    def onednn_weight(self, layer: LinearBase, rows: int) -> torch.Tensor | None:
+    def onednn_weight(self, layer: LinearLayer, rows: int) -> torch.Tensor | None:
         """The weight oneDNN's inner product should read for a `rows`-row batch, where this
         method runs on oneDNN: lets SwiGLU fuse two layers' GEMMs. None elsewhere."""
         return None

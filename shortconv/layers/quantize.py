@@ -19,7 +19,7 @@ from torch import nn
 
 from shortconv.kernels.cpu_gemm import gemm_q8, quantize_q8
 from shortconv.layers.linear import LinearBase
-from shortconv.layers.linear_method import LinearMethod
+from shortconv.layers.linear_method import LinearLayer, LinearMethod
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,13 @@ class Q8Linear(LinearMethod):
     keep_float: bool = False
     name: str = "q8"
 
-    def process_after_load(self, layer: LinearBase) -> None:
+    def process_after_load(self, layer: LinearLayer) -> None:
         layer.q8 = quantize_q8(layer.weight)
         if not self.keep_float:
             # An empty tensor keeps the attribute (and its dtype); the int8 copy is the only one.
             layer.weight = nn.Parameter(layer.weight.new_empty(0), requires_grad=False)
 
-    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         qw = layer.q8
         assert qw is not None, "Q8Linear.apply before process_after_load"
         y = gemm_q8(x.reshape(-1, x.shape[-1]).float(), qw, bias)

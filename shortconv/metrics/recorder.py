@@ -4,8 +4,8 @@ shortconv.metrics.defs).
 vLLM's names with a `shortconv_` prefix (Ray's export port adds its `ray_` namespace). The engine
 calls `MetricsRecorder` on its thread: O(1) bookkeeping per request and token, one push to the
 sink per step (gauges set, counters as deltas of the cumulative EngineStats/GraphStats, the
-step's histogram samples), so a sink (Ray's: deployments.metrics_sink) is never called per token.
-No Ray import here: `serve_metrics` exports a plain `LLM` over HTTP. Docs: docs/metrics.md.
+step's histogram samples), so a sink (Ray's: deployments.serve.metrics_sink) is never called per
+token. No Ray import here: `serve_metrics` exports a plain `LLM` over HTTP. Docs: docs/metrics.md.
 """
 
 from __future__ import annotations

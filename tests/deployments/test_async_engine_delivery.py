@@ -8,9 +8,9 @@ import asyncio
 
 from test_serve_api import OFFSET, FakeEngine
 
-from deployments import engine_commands
-from deployments.async_engine import AsyncEngine
-from deployments.engine_types import Delta
+from deployments.frontend.engine import engine_commands
+from deployments.frontend.engine.async_engine import AsyncEngine
+from deployments.frontend.engine.engine_types import Delta
 from shortconv.sampling.sampling_params import SamplingParams
 
 STREAMS, TOKENS = 4, 12

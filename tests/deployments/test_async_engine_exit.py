@@ -19,8 +19,8 @@ SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, tempfile, time
 
-    from deployments.async_engine import AsyncEngine
-    from deployments.engine_commands import AddRequest, Stream
+    from deployments.frontend.engine.async_engine import AsyncEngine
+    from deployments.frontend.engine.engine_commands import AddRequest, Stream
     from shortconv.llm import build_engine
     from shortconv.sampling.sampling_params import SamplingParams
     from shortconv.tiny.checkpoint import make_tiny_checkpoint

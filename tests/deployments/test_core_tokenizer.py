@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from deployments.args import AppArgs
-from deployments.core_client import CoreEngine
-from deployments.engine_build import build_engine
+from deployments.frontend.config.args import AppArgs
+from deployments.frontend.engine.core_client import CoreEngine
+from deployments.frontend.engine.engine_build import build_engine
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
 TEXTS = ["hello world", "a longer line, with punctuation: 12 + 30 = 42!"]

@@ -1,4 +1,4 @@
-"""What Ray reserves per replica and per TP rank (deployments/cpu_plan.py), and so the torch
+"""What Ray reserves per replica and per TP rank (deployments/serve/cpu_plan.py), and so the torch
 threads each computes with: `all` fills the node with one replica, a number is taken as is."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.app import deployment_options, parse_args
-from deployments.cpu_plan import INGRESS_NUM_CPUS, CpuPlan, cpu_plan
+from deployments.serve.app import deployment_options, parse_args
+from deployments.serve.cpu_plan import INGRESS_NUM_CPUS, CpuPlan, cpu_plan
 from workers.cpu_threads import threads_for
 from workers.ray_executor import DEFAULT_WORKER_CPUS, bundle_cpus
 

@@ -17,7 +17,7 @@ import pytest
 from ray_env import descendant_pids
 from reliability_helpers import REPLICA_HEADER, serve_app, stream_and_kill, wait_for
 
-CORE = "deployments.engine_core"  # the core's command line: python -m deployments.engine_core
+CORE = "deployments.frontend.engine.engine_core"  # its command line: python -m CORE
 REPLACE_S = 300  # a replica's start beside other test workers on 2 cores
 ERROR_WITHIN_S = 10.0  # the stream's error after the kill: at once, with room for a busy host
 ARGS = {"tiny_arch": "lfm2", "max_num_seqs": 4, "engine_process": True}

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from deployments.args import AppArgs
-from deployments.async_engine import AsyncEngine
-from deployments.core_client import CoreEngine
-from deployments.engine_build import build_engine
-from deployments.engine_types import EngineDead
+from deployments.frontend.config.args import AppArgs
+from deployments.frontend.engine.async_engine import AsyncEngine
+from deployments.frontend.engine.core_client import CoreEngine
+from deployments.frontend.engine.engine_build import build_engine
+from deployments.frontend.engine.engine_types import EngineDead
 from shortconv.metrics.recorder import PrometheusClientSink
 from shortconv.sampling.sampling_params import InvalidRequest, SamplingParams
 from shortconv.tiny.checkpoint import make_tiny_checkpoint

@@ -21,15 +21,15 @@ import pytest
 from image_server import image_bytes, image_server
 from test_serve_api import MODEL, FakeEngine
 
-from deployments.async_engine import AsyncEngine
-from deployments.chat_images import ChatImages
-from deployments.image_hosts import HostGuard, IPAddress, is_public
-from deployments.image_limits import ImageLimits
-from deployments.ingress import IngressConfig, build_ingress_app
-from deployments.openai_api import ApiConfig, OpenAIReplica
-from deployments.openai_errors import APIError
-from deployments.openai_images import ImageLoader
-from deployments.openai_protocol import ChatCompletionRequest
+from deployments.frontend.engine.async_engine import AsyncEngine
+from deployments.frontend.images.chat_images import ChatImages
+from deployments.frontend.images.hosts import HostGuard, IPAddress, is_public
+from deployments.frontend.images.limits import ImageLimits
+from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
+from deployments.frontend.openai.errors import APIError
+from deployments.frontend.openai.images import ImageLoader
+from deployments.frontend.openai.protocol import ChatCompletionRequest
+from deployments.serve.ingress import IngressConfig, build_ingress_app
 
 PNG = image_bytes((8, 8), "png")
 PART = "messages.0.content.1.image_url"

@@ -11,7 +11,7 @@ from PIL import Image
 from vision_inputs import Image as Tiles
 from vision_inputs import prompt as lfm2_vl_prompt
 
-from deployments.mm_prompt import PromptBuilder, PromptError, tiles_per_image
+from deployments.frontend.images.mm_prompt import PromptBuilder, PromptError, tiles_per_image
 from shortconv.engine.images import GridImageInput, ImageInput, ImageSpec, place_images
 from shortconv.tiny.vision import IMAGE_TOKEN_ID, build_tokenizer
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 from test_serve_api import MODEL, FakeEngine, serve_app
 
-from deployments.async_engine import AsyncEngine
-from deployments.openai_protocol import CompletionRequest
-from deployments.replica_api import RequestContext
+from deployments.frontend.engine.async_engine import AsyncEngine
+from deployments.frontend.openai.protocol import CompletionRequest
+from deployments.frontend.openai.replica import RequestContext
 
 
 def _events(r: httpx.Response) -> list[dict[str, Any]]:
@@ -41,7 +41,7 @@ def test_a_batch_gives_one_choice_per_prompt_and_sums_usage() -> None:
 
 def test_leaving_a_streamed_batch_aborts_every_prompt() -> None:
     async def run(_: httpx.AsyncClient, fake: FakeEngine, eng: AsyncEngine) -> None:
-        from deployments.openai_api import ApiConfig, OpenAIReplica
+        from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
 
         replica = OpenAIReplica(eng, ApiConfig(model_name=MODEL))
         req = CompletionRequest.model_validate(

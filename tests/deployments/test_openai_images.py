@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from image_server import data_url, image_bytes, image_server
 
-from deployments.chat_images import ChatImages
-from deployments.image_limits import ImageLimits
-from deployments.openai_errors import APIError
-from deployments.openai_images import ImageLoader
-from deployments.openai_protocol import ChatCompletionRequest
+from deployments.frontend.images.chat_images import ChatImages
+from deployments.frontend.images.limits import ImageLimits
+from deployments.frontend.openai.errors import APIError
+from deployments.frontend.openai.images import ImageLoader
+from deployments.frontend.openai.protocol import ChatCompletionRequest
 
 PNG = image_bytes((24, 16), "png")
 BODIES = {

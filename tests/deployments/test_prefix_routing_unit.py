@@ -16,19 +16,19 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.request_router import PendingRequest
 from test_serve_router import StubReplica, make_router
 
-from deployments.handle_replica import HandleReplica
-from deployments.ingress import IngressConfig, build_ingress_app
-from deployments.openai_errors import APIError
-from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
-from deployments.prefix_key import (
+from deployments.frontend.openai.errors import APIError
+from deployments.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.frontend.openai.replica import Reply, RequestContext
+from deployments.frontend.routing.prefix_key import (
     BLOCK_CHARS,
     MAX_BLOCKS,
     chain_hashes,
     chat_prefix,
     completion_prefix,
 )
-from deployments.prefix_owners import PrefixRecord
-from deployments.replica_api import Reply, RequestContext
+from deployments.frontend.routing.prefix_record import PrefixRecord
+from deployments.serve.handle_replica import HandleReplica
+from deployments.serve.ingress import IngressConfig, build_ingress_app
 
 SYSTEM = "s" * 512
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from reliability_helpers import SESSION_HEADER, serve_app, sse_data
 
-from deployments.app import deployment_options, parse_args
-from deployments.model_source import resolve_model
+from deployments.frontend.config.model_source import resolve_model
+from deployments.serve.app import deployment_options, parse_args
 
 MODEL = "tiny-lfm2"
 KEY = "sk-reliability-test"

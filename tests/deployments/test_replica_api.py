@@ -12,13 +12,13 @@ from ray.serve._private.http_util import ASGIAppReplicaWrapper
 from starlette.applications import Starlette
 from test_serve_api import MODEL, FakeEngine
 
-from deployments.async_engine import AsyncEngine
-from deployments.ingress import OpenAIIngress
-from deployments.openai_api import ApiConfig, OpenAIReplica
-from deployments.openai_errors import APIError
-from deployments.openai_protocol import CompletionRequest
-from deployments.replica_api import Replica, RequestContext
-from deployments.server import LLMServer
+from deployments.frontend.engine.async_engine import AsyncEngine
+from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
+from deployments.frontend.openai.errors import APIError
+from deployments.frontend.openai.protocol import CompletionRequest
+from deployments.frontend.openai.replica import Replica, RequestContext
+from deployments.serve.ingress import OpenAIIngress
+from deployments.serve.server import LLMServer
 
 DEPLOYMENTS = Path(__file__).resolve().parents[2] / "deployments"
 

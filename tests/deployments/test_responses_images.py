@@ -13,16 +13,21 @@ from typing import Any
 import pytest
 from image_server import data_url, image_bytes
 
-from deployments.openai_errors import APIError
-from deployments.openai_protocol import ChatCompletionRequest
-from deployments.replica_api import Reply, RequestContext
-from deployments.responses_api import ResponsesService
-from deployments.responses_images import REF_PREFIX, restore, stash
-from deployments.responses_protocol import ResponsesRequest
-from deployments.responses_store import LocalStore, ResponseStore
+from deployments.frontend.openai.errors import APIError
+from deployments.frontend.openai.protocol import ChatCompletionRequest
+from deployments.frontend.openai.replica import Reply, RequestContext
+from deployments.frontend.responses.api import ResponsesService
+from deployments.frontend.responses.images import REF_PREFIX, restore, stash
+from deployments.frontend.responses.protocol import ResponsesRequest
+from deployments.frontend.responses.store import LocalStore, ResponseStore
 
 PNG = image_bytes((40, 24), "png", seed=1)
 URL = data_url(PNG)
+
+
+def _no_transport_errors(exc: BaseException) -> APIError:
+    """The fake replica has no transport to fail: any error reaching here is the test's bug."""
+    raise AssertionError(f"unexpected replica failure: {exc!r}") from exc
 
 
 class _Recorder:
@@ -66,7 +71,7 @@ def test_stash_keeps_bytes_by_digest_and_restore_gives_the_url_back() -> None:
 
 def test_a_stored_turn_holds_digests_and_the_next_turn_sees_the_image() -> None:
     store, replica = ResponseStore(ttl_s=60.0, max_entries=8), _Recorder()
-    service = ResponsesService(lambda sid: replica, LocalStore(store), "m")  # type: ignore[arg-type, return-value]
+    service = ResponsesService(lambda sid: replica, LocalStore(store), "m", _no_transport_errors)  # type: ignore[arg-type, return-value]
 
     async def run() -> None:
         first = await service.create(ResponsesRequest(input=_image_turn("what?", URL)))
@@ -94,7 +99,9 @@ def test_a_stored_turn_holds_digests_and_the_next_turn_sees_the_image() -> None:
 def test_image_parts_without_a_url_are_refused_naming_them(
     part: dict[str, Any], param: str
 ) -> None:
-    service = ResponsesService(lambda sid: _Recorder(), LocalStore(ResponseStore(60.0, 8)), "m")  # type: ignore[arg-type, return-value]
+    service = ResponsesService(
+        lambda sid: _Recorder(), LocalStore(ResponseStore(60.0, 8)), "m", _no_transport_errors
+    )  # type: ignore[arg-type, return-value]
     body = ResponsesRequest(input=[{"type": "message", "role": "user", "content": [part]}])
     with pytest.raises(APIError) as info:
         asyncio.run(service.plan(body))

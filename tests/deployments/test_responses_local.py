@@ -21,12 +21,12 @@ import pytest
 from openai.types.responses import Response
 from starlette.testclient import TestClient
 
-from deployments.app import parse_args
-from deployments.async_engine import AsyncEngine
-from deployments.ingress import IngressConfig, build_ingress_app
-from deployments.openai_api import ApiConfig, OpenAIReplica
-from deployments.responses_store import ResponseStore
-from deployments.server import build_engine
+from deployments.frontend.engine.async_engine import AsyncEngine
+from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
+from deployments.frontend.responses.store import ResponseStore
+from deployments.serve.app import parse_args
+from deployments.serve.ingress import IngressConfig, build_ingress_app
+from deployments.serve.server import build_engine
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
 MODEL = "tiny-lfm2"

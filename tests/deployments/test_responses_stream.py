@@ -1,5 +1,5 @@
-"""Chat chunks -> Responses events (deployments/responses_stream.py), checked by the `openai`
-client's own event types, and input items -> chat messages (responses_convert.py)."""
+"""Chat chunks -> Responses events (deployments/frontend/responses/stream.py), checked by the
+`openai` client's own event types, and input items -> chat messages (responses/convert.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from deployments.openai_errors import APIError
-from deployments.responses_convert import input_messages
-from deployments.responses_protocol import ResponsesRequest
-from deployments.responses_stream import ResponseEvents
+from deployments.frontend.openai.errors import APIError
+from deployments.frontend.responses.convert import input_messages
+from deployments.frontend.responses.protocol import ResponsesRequest
+from deployments.frontend.responses.stream import ResponseEvents
 
 SKELETON = {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "output": []}
 SKELETON.update(parallel_tool_calls=True, tool_choice="auto", tools=[], status="in_progress")

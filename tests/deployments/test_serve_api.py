@@ -15,10 +15,10 @@ import httpx
 import openai
 import pytest
 
-from deployments.async_engine import AsyncEngine
-from deployments.engine_types import EngineOverloaded
-from deployments.ingress import IngressConfig, build_ingress_app
-from deployments.openai_api import ApiConfig, OpenAIReplica
+from deployments.frontend.engine.async_engine import AsyncEngine
+from deployments.frontend.engine.engine_types import EngineOverloaded
+from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
+from deployments.serve.ingress import IngressConfig, build_ingress_app
 from shortconv.cache.sessions import SessionPins
 from shortconv.engine.outputs import RequestOutput
 from shortconv.engine.stats import EngineStats, StartupReport

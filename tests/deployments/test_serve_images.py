@@ -26,11 +26,11 @@ import pytest
 import yaml
 from image_server import data_url, image_bytes, image_server
 
-from deployments.app import parse_args
-from deployments.image_decode import decode_image
-from deployments.mm_prompt import PromptBuilder
-from deployments.model_source import tiny_checkpoint
-from deployments.serve_run import serve_run
+from deployments.frontend.config.model_source import tiny_checkpoint
+from deployments.frontend.images.decode import decode_image
+from deployments.frontend.images.mm_prompt import PromptBuilder
+from deployments.serve.app import parse_args
+from deployments.serve.serve_run import serve_run
 from shortconv.llm import LLM
 from shortconv.sampling.sampling_params import SamplingParams
 

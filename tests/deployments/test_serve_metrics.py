@@ -24,8 +24,8 @@ from prom_server import PromServer, free_port, prometheus_binary
 from ray_env import model_cache, private_ray
 from reliability_helpers import REPLAY_FAILURES, replay_failing_engine
 
-from deployments.app import build_app, deployment_options, parse_args
-from deployments.server import build_engine
+from deployments.serve.app import build_app, deployment_options, parse_args
+from deployments.serve.server import build_engine
 from shortconv.sampling.sampling_params import SamplingParams
 
 APP = "scm"

@@ -22,8 +22,8 @@ import pytest
 from ray_env import model_cache
 from reliability_helpers import REPLICA_HEADER, replica_stats, wait_for
 
-from deployments.app import ROUTING_STATS_PERIOD_S
-from deployments.serve_run import serve_run
+from deployments.serve.app import ROUTING_STATS_PERIOD_S
+from deployments.serve.serve_run import serve_run
 
 MODEL = "tiny-lfm2"
 SYSTEM = "".join(f"rule {i:03d}: answer briefly. " for i in range(23))[:512]
@@ -39,7 +39,7 @@ def app(name: str, prefix: str, caching: bool, replicas: int) -> dict[str, Any]:
     return {
         "name": name,
         "route_prefix": prefix,
-        "import_path": "deployments.app:build",
+        "import_path": "deployments.serve.app:build",
         "args": args,
     }
 

@@ -19,8 +19,8 @@ from ray.serve._private.common import (
 )
 from ray.serve.request_router import PendingRequest
 
-from deployments import model_source
-from deployments.app import (
+from deployments.frontend.config import model_source
+from deployments.serve.app import (
     ADMISSION_HEADROOM,
     AppArgsError,
     build,
@@ -29,8 +29,8 @@ from deployments.app import (
     ingress_options,
     parse_args,
 )
-from deployments.ingress import IngressConfig
-from deployments.router import SessionAffinityRouter
+from deployments.serve.ingress import IngressConfig
+from deployments.serve.router import SessionAffinityRouter
 
 DEP = DeploymentID(name="LLMServer", app_name="app")
 

@@ -26,7 +26,7 @@ from ray import serve
 from ray_env import free_port, model_cache, private_ray
 from reliability_helpers import wait_for
 
-from deployments.app import build_app, parse_args
+from deployments.serve.app import build_app, parse_args
 
 APP = "sc"
 MAX_TOKENS = 6

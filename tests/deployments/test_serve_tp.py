@@ -19,7 +19,7 @@ from ray import serve
 from ray_env import descendant_pids, free_port, model_cache, private_ray
 from reliability_helpers import stream_and_kill
 
-from deployments.app import build_app, parse_args
+from deployments.serve.app import build_app, parse_args
 
 REPLICA_HEADER = "x-shortconv-replica"
 # Serve notices a dead TP worker by a failed health check, then starts a replica: well within a

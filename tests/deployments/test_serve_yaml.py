@@ -1,7 +1,7 @@
 """`serve run deployments/<model>.yaml` as a user runs it, answered through the `openai` client.
 
 Each YAML runs in a `serve run` subprocess started from the repository root (nothing installed:
-the import path `deployments.app:build` resolves from the working directory), with an empty
+the import path `deployments.serve.app:build` resolves from the working directory), with an empty
 tiny-checkpoint cache, its own Ray temp dir and a free port patched into a copy of the YAML.
 """
 
@@ -18,10 +18,10 @@ import pytest
 import yaml
 from serve_apps import second_turn_cached_tokens
 
-from deployments.app import deployment_options, parse_args
-from deployments.args import AppArgs
-from deployments.cpu_plan import cpu_plan
-from deployments.serve_run import serve_run
+from deployments.frontend.config.args import AppArgs
+from deployments.serve.app import deployment_options, parse_args
+from deployments.serve.cpu_plan import cpu_plan
+from deployments.serve.serve_run import serve_run
 from workers.cpu_threads import threads_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ START_TIMEOUT_S = 240.0
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deployments").glob("*.yaml")), ids=str)
 def test_yamls_override_serve_options_only_on_purpose(path: Path) -> None:
-    """The Serve options are derived from the args (deployments/app.py). A YAML's LLMServer
+    """The Serve options are derived from the args (deployments/serve/app.py). A YAML's LLMServer
     entry may only change one (restating a derived value would go stale when the args change),
     and never `autoscaling_config`, which Serve replaces whole (the derived target with it)."""
     (app,) = yaml.safe_load(path.read_text())["applications"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from deployments.openai_protocol import ChatCompletionRequest, CompletionRequest
+from deployments.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 
 @pytest.mark.parametrize("value", [True, False])

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deployments.args import AppArgs
-from deployments.server import build_engine, startup_summary
+from deployments.frontend.config.args import AppArgs
+from deployments.serve.server import build_engine, startup_summary
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 from workers.startup import PhaseClock, process_age_s, rss_bytes
 

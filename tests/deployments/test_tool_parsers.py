@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from deployments.openai_errors import APIError
-from deployments.openai_tools import FunctionDef, NamedToolChoice, ToolDef, plan_tools
-from deployments.tool_parsers import Lfm2ToolParser, ZayaToolParser, parser_for_template
-from deployments.tool_stream import ToolOutput, special_pattern
+from deployments.frontend.openai.errors import APIError
+from deployments.frontend.openai.tools import FunctionDef, NamedToolChoice, ToolDef, plan_tools
+from deployments.frontend.tools.parsers import Lfm2ToolParser, ZayaToolParser, parser_for_template
+from deployments.frontend.tools.stream import ToolOutput, special_pattern
 from shortconv.engine.tokenizer import Tokenizer
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 from shortconv.tiny.templates import LFM2_CHAT_TEMPLATE, ZAYA_CHAT_TEMPLATE
@@ -215,13 +215,13 @@ def test_duplicate_names_and_auto_without_a_format_are_refused() -> None:
 
 
 def _formatter(plan: object, drop: object = None) -> object:
-    from deployments.openai_format import Formatter
+    from deployments.frontend.openai.format import Formatter
 
     return Formatter(True, "chatcmpl-t", "m", str, False, tools=plan, drop_specials=drop)  # type: ignore[arg-type]
 
 
 def _acc(text: str, reason: str) -> object:
-    from deployments.openai_deltas import Accumulator
+    from deployments.frontend.openai.deltas import Accumulator
 
     return Accumulator(text=text, finish_reason=reason)
 
@@ -243,8 +243,8 @@ def test_whole_answers_split_content_and_calls() -> None:
 
 
 def test_response_format_and_a_forced_tool_choice_do_not_mix() -> None:
-    from deployments.openai_structured import ResponseFormat
-    from deployments.openai_tools import chat_grammar
+    from deployments.frontend.openai.structured import ResponseFormat
+    from deployments.frontend.openai.tools import chat_grammar
 
     rf = ResponseFormat(type="json_object")
     with pytest.raises(APIError) as err:

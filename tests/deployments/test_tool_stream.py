@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from deployments.openai_tools import FunctionDef, NamedToolChoice, ToolDef, plan_tools
-from deployments.tool_parsers import BaseToolParser, Lfm2ToolParser, ZayaToolParser
-from deployments.tool_partial import scan_forced, stable_prefix
-from deployments.tool_stream import CallDelta, ToolOutput
+from deployments.frontend.openai.tools import FunctionDef, NamedToolChoice, ToolDef, plan_tools
+from deployments.frontend.tools.parsers import BaseToolParser, Lfm2ToolParser, ZayaToolParser
+from deployments.frontend.tools.partial import scan_forced, stable_prefix
+from deployments.frontend.tools.stream import CallDelta, ToolOutput
 
 S, E = Lfm2ToolParser.start, Lfm2ToolParser.end
 ZS, ZE = ZayaToolParser.start, ZayaToolParser.end

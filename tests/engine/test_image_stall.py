@@ -99,7 +99,8 @@ def measure(engine: LLMEngine, with_images: bool, seed: int) -> Gaps:
     while len(started) < STREAMS:
         started |= {o.request_id for o in engine.step() if o.token_ids}
     # The request's pixels and digests are made before the window: the service makes them on
-    # the replica's worker thread (deployments/mm_prompt.py), never on the engine loop.
+    # the replica's worker thread (deployments/frontend/images/mm_prompt.py), never on the engine
+    # loop.
     ids, images = prompt(tok, [("user", [LARGE, LARGE, "Four:", LARGE, LARGE])])
     inputs = engine_images(images, pixels(images, seed))
     assert all(image.digest < 0 for image in inputs)

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from test_spec_decode import run as run_ids
 
-from deployments.openai_tools import NamedToolChoice, ToolDef, plan_tools
+from deployments.frontend.openai.tools import NamedToolChoice, ToolDef, plan_tools
 from shortconv.configs.config import EngineConfig
 from shortconv.engine.llm_engine import LLMEngine
 from shortconv.engine.outputs import RequestOutput

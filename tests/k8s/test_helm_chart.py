@@ -225,7 +225,7 @@ def test_values_from_serve_yaml_reproduce_it(serve_yaml: str) -> None:
 
 def test_values_schema_mirrors_app_args() -> None:
     """values.schema.json's serve.args must accept exactly AppArgs' fields, with its bounds."""
-    from deployments.args import AppArgs
+    from deployments.frontend.config.args import AppArgs
 
     app_schema = AppArgs.model_json_schema()["properties"]
     chart_schema = hu.chart().schema["properties"]["serve"]["properties"]["args"]["properties"]

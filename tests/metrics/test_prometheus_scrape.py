@@ -150,7 +150,7 @@ class EngineActor:
     """A tiny engine reporting through RayMetricsSink, as an LLMServer replica will."""
 
     def __init__(self, path: str) -> None:
-        from deployments.metrics_sink import attach_ray_metrics
+        from deployments.serve.metrics_sink import attach_ray_metrics
 
         self.engine = make_engine(path)
         assert attach_ray_metrics(self.engine) is not None

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.engine.plan import SeqChunk, StepPlan
+from shortconv.execution.local_executor import LocalExecutor
 from shortconv.execution.worker_spec import Capacity, WorkerSpec
 from shortconv.kernels.cca_ref import (
     cca_conv_fn_ref,
@@ -21,7 +22,6 @@ from shortconv.kernels.cca_ref import (
 from shortconv.sampling.sampler import SamplingRow
 from shortconv.sampling.sampling_params import SamplingParams
 from shortconv.tiny.checkpoint import build_hf_model
-from workers.local_executor import LocalExecutor
 
 N_SLOTS = 10
 HEADS, GROUP = 3, 4  # conv groups (heads) and channels per group

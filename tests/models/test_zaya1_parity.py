@@ -21,12 +21,12 @@ from shortconv import LLM, SamplingParams
 from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.engine.outputs import RequestOutput
 from shortconv.engine.plan import SeqChunk, StepPlan
+from shortconv.execution.local_executor import LocalExecutor
 from shortconv.execution.worker_spec import Capacity, WorkerSpec
 from shortconv.layers.zaya_moe import ZayaRouter
 from shortconv.llm import build_engine
 from shortconv.sampling.sampler import SamplingRow
 from shortconv.tiny.checkpoint import build_hf_model
-from workers.local_executor import LocalExecutor
 
 CONFIGS: dict[str, dict] = {
     "base": {},

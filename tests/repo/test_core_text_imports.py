@@ -1,7 +1,7 @@
 """What the engine core process must not import on the CPU text path: Triton (the GPU kernels;
 `import triton` is seconds on the 2-core machine) and torchvision (the vision models'
-processors). The probe builds the tiny LFM2 engine as the core does (deployments/engine_core.py)
-in a fresh interpreter and lists what of these it imported (docs/serving_path.md, "Start-up")."""
+processors). The probe builds the tiny LFM2 engine as the core does
+(deployments/frontend/engine/engine_core.py) in a fresh interpreter and lists what of these it imported (docs/serving_path.md, "Start-up")."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ HEAVY = ("triton", "torchvision")
 
 PROBE = f"""
 import sys
-import deployments.engine_core
-from deployments.args import AppArgs
-from deployments.engine_build import make_engine
+import deployments.frontend.engine.engine_core
+from deployments.frontend.config.args import AppArgs
+from deployments.frontend.engine.engine_build import make_engine
 from workers.startup import PhaseClock
 engine = make_engine(AppArgs(model=sys.argv[1], device="cpu"), None, PhaseClock())
 engine.shutdown()

@@ -1,7 +1,11 @@
 """The direction of dependencies, read statically from the source with `ast` (nothing imported).
 
-  * no module of `shortconv/` but the LLM facade (`shortconv/llm.py`) imports `workers`,
-    `deployments` or `ray`: the engine receives its executor, the facade picks it;
+  * no module of `shortconv/` imports `workers`, `deployments` or `ray`, but for one edge: the
+    LLM facade (`shortconv/llm.py`) names `workers.ray_executor` for tp_size > 1. The engine
+    receives its executor, the facade picks it; tp_size = 1 runs on shortconv/ alone;
+  * in `deployments/`, only the Serve layer (`deployments/serve/`) imports Ray, and nothing
+    else there imports the Serve layer: the frontend is usable, and testable, without Ray (also
+    checked by importing every frontend module in a process where `ray` cannot be imported);
   * `workers/` does not import `deployments/`;
   * kernels take plain tensors: `shortconv/kernels/` imports nothing else of `shortconv/`;
   * `deployments/` holds the engine only as an `EngineLike`: it imports the engine's public
@@ -23,6 +27,8 @@ module on a cycle with the facade without any module naming it).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,15 +117,67 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
+# The one edge from shortconv/ upward: the facade's Ray executor, picked only for tp_size > 1.
+FACADE_EXECUTOR = "workers.ray_executor"
+SERVE = "deployments.serve"
+
+
 def test_the_engine_imports_no_workers_deployments_or_ray(edges: list[Edge]) -> None:
     bad = [
         str(e)
         for e in edges
         if _top(e.src) == "shortconv"
-        and e.src != FACADE
         and _top(e.dst) in ("workers", "deployments", "ray")
+        and (e.src, e.dst) != (FACADE, FACADE_EXECUTOR)
     ]
     assert not bad, "shortconv/ must not depend on the layers above it:\n" + "\n".join(bad)
+
+
+def _in_serve(module: str) -> bool:
+    return module == SERVE or module.startswith(SERVE + ".")
+
+
+def test_only_the_serve_layer_of_deployments_imports_ray(edges: list[Edge]) -> None:
+    bad = [
+        str(e)
+        for e in edges
+        if _top(e.src) == "deployments" and not _in_serve(e.src) and _top(e.dst) == "ray"
+    ]
+    assert not bad, "only deployments/serve/ may import Ray:\n" + "\n".join(bad)
+
+
+def test_nothing_below_the_serve_layer_imports_it(edges: list[Edge]) -> None:
+    bad = [str(e) for e in edges if not _in_serve(e.src) and _in_serve(e.dst)]
+    assert not bad, "deployments/serve/ is the top: nothing imports it:\n" + "\n".join(bad)
+
+
+# Imports every module it is given in this one process with `ray` unimportable (None in
+# sys.modules makes `import ray` and `import ray.x` raise); prints those that failed.
+_BLOCKED_RAY_PROBE = """
+import importlib, sys, traceback
+sys.modules["ray"] = None
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        print(name, traceback.format_exc(limit=-3).replace("\\n", " | "))
+"""
+
+
+def test_the_frontend_imports_without_ray() -> None:
+    """What the AST test reads, run: every module of deployments/ but the Serve layer imports
+    where Ray cannot be, so no import of theirs reaches Ray through another package."""
+    frontend = sorted(m for m in module_files() if _top(m) == "deployments" and not _in_serve(m))
+    assert "deployments.frontend.openai.api" in frontend  # the walk found the frontend
+    out = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_RAY_PROBE, *frontend],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", "frontend modules that need Ray:\n" + out.stdout
 
 
 def test_workers_do_not_import_deployments(edges: list[Edge]) -> None:

@@ -1,4 +1,4 @@
-"""What must import without torch: the app's build task (`deployments.app:build`, run by Serve
+"""What must import without torch: the app's build task (`deployments.serve.app:build`, run by Serve
 before any replica starts, so its imports are on the start-up's critical path) and the HTTP
 ingress, whose process never computes. Importing torch there cost about 2.6 s of the build
 on the 2-core machine (docs/serving_path.md)."""
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("module", ["deployments.app", "deployments.ingress"])
+@pytest.mark.parametrize("module", ["deployments.serve.app", "deployments.serve.ingress"])
 def test_imports_without_torch(module: str) -> None:
     probe = (
         f"import sys, {module}\n"
@@ -30,7 +30,7 @@ def test_imports_without_torch(module: str) -> None:
 
 def test_the_app_still_builds_its_deployments() -> None:
     """The lazily imported pieces are still the ones Serve deploys."""
-    from deployments.app import build_app, parse_args
+    from deployments.serve.app import build_app, parse_args
 
     ingress = build_app(parse_args({"max_replicas": 1}))._bound_deployment
     llm = ingress.init_args[0]._bound_deployment

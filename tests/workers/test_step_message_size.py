@@ -18,10 +18,10 @@ from ray_env import private_ray  # noqa: E402
 from shortconv.configs.config import EngineConfig  # noqa: E402
 from shortconv.engine.llm_engine import LLMEngine  # noqa: E402
 from shortconv.engine.plan import StepPlan, StepResult  # noqa: E402
+from shortconv.execution.local_executor import LocalExecutor  # noqa: E402
 from shortconv.execution.worker_spec import WorkerSpec, plan_worker_spec  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
-from workers.local_executor import LocalExecutor  # noqa: E402
 from workers.ray_executor import RayExecutor  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)

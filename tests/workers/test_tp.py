@@ -28,11 +28,11 @@ from shortconv.configs.hf.availability import transformers_lacks  # noqa: E402
 from shortconv.engine.llm_engine import LLMEngine  # noqa: E402
 from shortconv.engine.outputs import RequestOutput  # noqa: E402
 from shortconv.engine.plan import StepPlan, StepResult  # noqa: E402
+from shortconv.execution.local_executor import LocalExecutor  # noqa: E402
 from shortconv.execution.worker_spec import WorkerSpec, plan_worker_spec  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
 from workers.cpu_threads import threads_for  # noqa: E402
-from workers.local_executor import LocalExecutor  # noqa: E402
 from workers.ray_executor import RayExecutor  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)

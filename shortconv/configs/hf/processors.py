@@ -8,7 +8,8 @@ transformers' same processor without it:
 the image processor (its PIL backend), the tokenizer and the placeholder expansion are
 transformers' own. NOTE: with no video processor it ignores `videos=`; the engine takes images
 only (`GridImageInput.split` refuses video tensors). LFM2-VL's image processor itself is
-torchvision's, so there it raises, and the replica refuses images (deployments/chat_images.py).
+torchvision's, so there it raises, and the replica refuses images
+(deployments/frontend/images/chat_images.py).
 """
 
 from __future__ import annotations

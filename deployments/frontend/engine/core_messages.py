@@ -1,0 +1,123 @@
+"""What the replica and its engine core process say to each other over their pipe.
+
+Small frozen dataclasses, pickled (protocol 5) one per `send_bytes`. Inbound (replica -> core):
+requests, aborts and calls that want a reply. Outbound (core -> replica): one `Ready` at start,
+then one `StepOut` per engine step (every request's delta of that step, coalesced) or per
+batch of commands handled while idle, `Reply` to a call, and `Died` if the loop crashed.
+Deltas, not the engine's cumulative outputs, cross: a message does not grow with context.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deployments.frontend.engine.engine_types import CoreOutput
+from shortconv.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from shortconv.engine.images import AnyImage
+    from shortconv.engine.request_limits import RequestLimits
+    from shortconv.engine.stats import EngineStats, StartupReport
+
+# NOTE: one metric update the core's recorder made: (op, metric name, labels, value or values).
+MetricOp = tuple[str, str, dict[str, str], Any]
+
+
+# ---- replica -> core ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Start:
+    """The first message: the app's args, the injected engine factory, torch's threads."""
+
+    args: dict[str, Any]
+    factory: str | None
+    threads: int
+
+
+@dataclass(frozen=True)
+class Add:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    session_id: str | None
+    images: tuple[AnyImage, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call answered by `Reply(call_id, ...)`: "health" (the executor's error or None) or
+    "flush_prefix_cache" (entries dropped)."""
+
+    call_id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Inbound = Start | Add | Cancel | Call | Shutdown
+
+
+# ---- core -> replica ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Status:
+    """The engine's occupancy and held sessions after the step, and its metric updates."""
+
+    stats: EngineStats
+    session_ids: tuple[str, ...]
+    metric_ops: tuple[MetricOp, ...]
+
+
+@dataclass(frozen=True)
+class StepOut:
+    outputs: tuple[CoreOutput, ...]
+    status: Status
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The engine is built: what the replica needs to serve in front of it."""
+
+    max_model_len: int
+    tokenizer: Any  # None: the replica loads its own (deployments/frontend/engine/core_tokenizer.py)
+    model_dir: Path
+    limits: RequestLimits | None  # None: an injected engine with no limits (checked in core)
+    stop_ids: tuple[int, ...]
+    weight_bytes: dict[str, int]
+    session_ttl_s: float
+    reports: tuple[StartupReport, ...]  # the core's own, then its TP ranks'
+    status: Status
+
+
+@dataclass(frozen=True)
+class Reply:
+    call_id: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class Died:
+    """The core's loop crashed (or never started); it exits after sending this."""
+
+    error: str
+
+
+Outbound = StepOut | Ready | Reply | Died
+
+
+def send(conn: Connection, msg: Inbound | Outbound) -> None:
+    conn.send_bytes(pickle.dumps(msg, protocol=5))
+
+
+def recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())

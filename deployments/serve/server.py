@@ -1,0 +1,171 @@
+"""LLMServer: the model deployment — one AsyncEngine behind the typed methods OpenAIIngress
+calls (deployments/frontend/openai/replica.py, implemented by OpenAIReplica); it never sees HTTP.
+
+The engine is injected (`engine_factory`, an import path), so the same deployment runs under a
+real `serve.run` with a fake engine in tests. With tp_size > 1 the executor's TP workers land in
+this replica's placement group (bundle index = rank), so a replica and its workers come and go
+together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray import serve
+
+from deployments.frontend.config.args import AppArgs
+from deployments.frontend.config.model_source import served_model_name
+from deployments.frontend.engine.async_engine import AsyncEngine
+from deployments.frontend.engine.core_client import CoreEngine
+from deployments.frontend.engine.engine_build import build_engine, make_engine
+from deployments.frontend.engine.engine_types import EngineLike
+from deployments.frontend.images.chat_images import ChatImages
+from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
+from deployments.serve.metrics_sink import RayMetricsSink, attach_ray_metrics
+from shortconv.engine.stats import StartupReport
+from workers.cpu_threads import follow_reservation, reserved_cpus, threads_for
+from workers.startup import PhaseClock
+
+__all__ = ["LLMServer", "build_engine", "start_engine", "startup_summary"]
+
+log = logging.getLogger(__name__)
+# NOTE: inside a replica only Serve's logger reaches the replica's log and `serve run`'s output
+# (the root logger drops INFO), so what a user must see at start goes through it.
+serve_log = logging.getLogger("ray.serve")
+
+
+def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> dict[str, Any]:
+    """The replica's start-up report for its stats (and the log): phases, memory, threads, and
+    each TP rank's own report."""
+    ranks = engine.startup_reports()
+    serve_log.info("%s; torch threads %d", report.line(), threads)
+    core: StartupReport | None = getattr(engine, "core_report", None)
+    for rank in ([core] if core else []) + ranks:
+        serve_log.info("%s", rank.line())
+    return {
+        "core": dataclasses.asdict(core) if core else None,  # the engine core process's
+        **dataclasses.asdict(report),
+        "torch_threads": threads,
+        "gil_switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 3),
+        "weight_bytes": dict(engine.weight_bytes),  # rank 0's, read at start
+        "ranks": [dataclasses.asdict(r) for r in ranks],
+    }
+
+
+def share_the_gil(interval_ms: float) -> None:
+    """Set this process's GIL switch interval.
+
+    Why: the engine thread releases the GIL inside every torch op and must take it back after
+    each one (over a thousand a decode step); meanwhile the replica's event loops (ours and
+    Serve's, Ray's callbacks) relay the previous step's tokens in Python. Whenever one of them
+    holds the GIL, the engine thread waits until it lets go or is made to, after the switch
+    interval: 5 ms by default, enough to turn a 1.3 ms GEMM into 18 ms against one busy Python
+    thread (0.5 ms: 1.4 ms; docs/serving_path.md). The event loops' work is short bursts, so a
+    shorter interval costs them little."""
+    sys.setswitchinterval(interval_ms / 1000.0)
+    serve_log.info("GIL switch interval %.2f ms", interval_ms)
+
+
+def launch_core(args: AppArgs, engine_factory: str | None) -> Callable[[], CoreEngine] | None:
+    """Start the engine core process now (`engine_process`, tp_size=1), before this process
+    imports torch, so the two start side by side; the call returned waits for it. None: the
+    engine runs in this process (or outside Ray, where `start_engine` starts the core).
+    NOTE: Ray reserved this replica's CPUs already, so the core's torch threads (the count
+    `follow_reservation` sets here too) are known without torch."""
+    cpus = reserved_cpus()
+    if not (args.engine_process and args.tp_size == 1) or cpus is None:
+        return None
+    return CoreEngine.launch(args.model_dump(), engine_factory, threads_for(cpus))
+
+
+def start_engine(
+    args: AppArgs,
+    engine_factory: str | None,
+    clock: PhaseClock,
+    threads: int,
+    launched: Callable[[], CoreEngine] | None = None,
+) -> EngineLike:
+    """The replica's engine: in its own core process (`engine_process`, tp_size=1; `launched`
+    by `launch_core`, else started here), else in this one. The core's start is one phase here;
+    its own phases are its start-up report."""
+    if launched is None and args.engine_process and args.tp_size == 1:
+        launched = CoreEngine.launch(args.model_dump(), engine_factory, threads)
+    if launched is not None:
+        t0 = time.perf_counter()
+        core = launched()
+        waited, phases = time.perf_counter() - t0, dict(core.core_report.phases)
+        # NOTE: the core's phases are the replica's start path; before them, its interpreter
+        # (0 when the core was ready before the replica's own imports were done).
+        clock.phases.append(("core_process", max(0.0, waited - sum(phases.values()))))
+        clock.add(phases)
+        serve_log.info("engine core process %d ready", core.pid)
+        return core
+    return make_engine(args, engine_factory, clock)
+
+
+@serve.deployment(name="LLMServer")
+class LLMServer(OpenAIReplica):
+    """One replica: the engine loop, the OpenAI methods, and session and prefix reports for
+    the router. NOTE: not an ingress: only OpenAIIngress speaks HTTP."""
+
+    async def __init__(
+        self,
+        args: dict[str, Any],
+        engine_factory: str | None = None,
+    ) -> None:
+        clock = PhaseClock()  # NOTE: first, so `before_s` is the process's life before us
+        app_args = AppArgs.model_validate(args)
+        launched = launch_core(app_args, engine_factory)  # NOTE: before torch's import
+        with clock.phase("imports"):  # the core starts meanwhile, when there is one
+            import torch  # NOTE: here: the app's build task imports this module, never torch
+
+            share_the_gil(app_args.gil_switch_interval_ms)
+            # tp_size > 1: the ranks compute, each following its own reservation.
+            threads = (
+                follow_reservation("replica") if app_args.tp_size == 1 else torch.get_num_threads()
+            )
+        # NOTE: loading happens off the event loop so the replica stays responsive to Serve.
+        engine = await asyncio.to_thread(
+            start_engine, app_args, engine_factory, clock, threads, launched
+        )
+        with clock.phase("processor"):  # the checkpoint's processor, for chat images
+            images = await asyncio.to_thread(ChatImages.for_engine, engine, app_args.images)
+        with clock.phase("loop"):
+            # NOTE: before the loop starts, so every series exists (at 0) from the replica's
+            # start; inside a replica Ray tags them with application, deployment and replica.
+            if isinstance(engine, CoreEngine):
+                engine.relay_metrics_to(RayMetricsSink())  # the core records, we export
+            else:
+                attach_ray_metrics(engine)
+            loop = AsyncEngine(engine, admission_limit=app_args.admission_limit)
+            loop.start()
+        replica_id = serve.get_replica_context().replica_id.to_full_id_str()
+        name = served_model_name(app_args)
+        super().__init__(loop, ApiConfig(name, replica_id, app_args.request_timeout_s), images)
+        self.startup = startup_summary(clock.report("replica"), threads, engine)
+        log.info("replica %s ready", replica_id)
+
+    async def check_health(self) -> None:
+        """Serve's health check: the engine loop must be alive and every TP worker answer."""
+        await self.engine.check_health()
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Sessions this replica holds state for (session id -> last activity, epoch seconds)
+        and the prefix hashes of prompts it served (sorted ints); SessionAffinityRouter sends
+        a session's next turn, or a request with a known prefix, here. Serve re-broadcasts the
+        stats only when they change: a session comes, goes or takes a turn, a prefix is new."""
+        return {
+            "sessions": dict(self.engine.stats().get("sessions", {})),
+            "prefixes": self.prefixes.report(),
+        }
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()

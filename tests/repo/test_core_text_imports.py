@@ -1,7 +1,8 @@
 """What the engine core process must not import on the CPU text path: Triton (the GPU kernels;
 `import triton` is seconds on the 2-core machine) and torchvision (the vision models'
 processors). The probe builds the tiny LFM2 engine as the core does
-(deployments/frontend/engine/engine_core.py) in a fresh interpreter and lists what of these it imported (docs/serving_path.md, "Start-up")."""
+(deployments/frontend/engine/engine_core.py) in a fresh interpreter and lists what of these it
+imported (docs/serving_path.md, "Start-up")."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ class Ready:
     """The engine is built: what the replica needs to serve in front of it."""
 
     max_model_len: int
-    tokenizer: Any  # None: the replica loads its own (deployments/frontend/engine/core_tokenizer.py)
+    tokenizer: Any  # None: the replica loads its own (frontend/engine/core_tokenizer.py)
     model_dir: Path
     limits: RequestLimits | None  # None: an injected engine with no limits (checked in core)
     stop_ids: tuple[int, ...]

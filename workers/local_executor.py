@@ -8,6 +8,7 @@ from shortconv.engine.stats import GraphStats
 from shortconv.execution.parallel import SINGLE
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import WorkerSpec
+from shortconv.lora.adapter import LoraAdapter
 
 
 class LocalExecutor(BaseExecutor):
@@ -29,6 +30,11 @@ class LocalExecutor(BaseExecutor):
 
     def shutdown(self) -> None:
         self.runner = None
+
+    def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        if self.runner is None:
+            raise ExecutorError("executor is shut down")
+        self.runner.load_lora(slot, adapter)
 
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         return [self.runner.state_shapes()] if self.runner else []

@@ -6,9 +6,11 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.errors import ConfigError
 
 if TYPE_CHECKING:
     from shortconv.engine.stats import GraphStats, StartupReport
+    from shortconv.lora.adapter import LoraAdapter
 
 
 class ExecutorError(RuntimeError):
@@ -27,6 +29,11 @@ class BaseExecutor(ABC):
 
     @abstractmethod
     def shutdown(self) -> None: ...
+
+    def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        """Write a LoRA adapter into slot `slot` on every rank (LoraError where it does not
+        fit the model)."""
+        raise ConfigError(f"{type(self).__name__} does not load LoRA adapters yet")
 
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         """Per rank: the shapes of its state tensors (tests assert each rank holds a shard)."""

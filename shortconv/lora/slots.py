@@ -51,6 +51,11 @@ class LoraSlotManager:
             raise LoraError(f"unknown LoRA adapter {name!r} (loaded: {sorted(self.names)})")
         return reg
 
+    @property
+    def resident(self) -> dict[str, int]:
+        """Resident names → slots, least recently used first."""
+        return dict(self._resident)
+
     def slot_of(self, name: str) -> int | None:
         return self._resident.get(name)
 

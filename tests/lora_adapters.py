@@ -13,9 +13,23 @@ from peft import LoraConfig, get_peft_model
 
 from shortconv.tiny.checkpoint import build_hf_model
 
-# Every projection PEFT can target in transformers' implementation of each architecture.
+# Every projection PEFT can target in transformers' implementation of each architecture
+# (LFM2-MoE's routed experts are fused parameters, not modules: w1/w2/w3 are its dense layers').
 TARGETS = {
     "lfm2": ["in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "w1", "w2", "w3"],
+    "lfm2_moe": ["in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "w1", "w2", "w3"],
+    "lfm3": [
+        "in_proj",
+        "out_proj",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "g_proj",
+        "w1",
+        "w2",
+        "w3",
+    ],
     "zaya1": ["q_proj", "k_proj", "v_proj_current", "v_proj_delayed", "o_proj"],
 }
 

@@ -15,7 +15,7 @@ from shortconv.tiny.checkpoint import build_hf_model, make_tiny_checkpoint
 MAX_NEW = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 PROMPTS = [[5, 9, 13, 20, 33, 7, 2], [7, 8, 40, 41, 42], [100, 3, 17], [11] * 21]
-ARCHS = ["lfm2", "zaya1"]
+ARCHS = ["lfm2", "lfm2_moe", "lfm3", "zaya1"]
 
 
 def run_all(engine: LLMEngine, jobs: list[tuple[list[int], str | None]]) -> list[list[int]]:

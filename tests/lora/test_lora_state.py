@@ -117,3 +117,21 @@ def test_int8_base_serves_an_adapter(env: tuple[LLM, dict], tmp_path: Path) -> N
     fp32 = run(llm.engine, PROMPT[:12], "a").token_ids
     assert with_adapter != bare
     assert with_adapter[:2] == fp32[:2]
+
+
+def test_an_evicted_adapter_is_written_back(env: tuple[LLM, dict]) -> None:
+    """One slot for two adapters: each request evicts the other, and an adapter written back
+    gives its own oracle's tokens again."""
+    llm, oracles = env
+    loras = llm.engine.loras
+    assert loras is not None
+    paths = {n: str(loras.slots.get(n).adapter.path) for n in ("a", "b")}
+    one = LLM(
+        llm.engine.model_dir, dtype="float32", enable_lora=True, max_loras=1, lora_modules=paths
+    )
+    try:
+        got = [(n, run(one.engine, PROMPT[:9], n).token_ids) for n in ("a", "b", "a")]
+    finally:
+        one.shutdown()
+    for name, tokens in got:
+        assert_matches_oracle(tokens, oracle_greedy(oracles[name], PROMPT[:9], MAX_NEW), name)

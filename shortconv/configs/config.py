@@ -209,6 +209,13 @@ class EngineConfig:
     # Durable sessions (docs/session_store.md): None off; a mapping `{path, ttl_s, max_bytes}`
     # is parsed into a `SessionStoreConfig`.
     session_store: SessionStoreConfig | None = None
+    # Multi-LoRA (docs/lora.md): PEFT adapters applied per request, up to `max_loras` resident
+    # at once (LRU slots, in every projection's layer) of rank up to `max_lora_rank`;
+    # `lora_modules` (name → adapter directory) are loaded at start-up.
+    enable_lora: bool = False
+    max_loras: int = field(default=4, metadata={"ge": 1})
+    max_lora_rank: int = field(default=64, metadata={"ge": 1})
+    lora_modules: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         spec = SpeculativeConfig.parse(self.speculative_config)
@@ -221,6 +228,10 @@ class EngineConfig:
                 raise ConfigError(f"{f.name} must be >= {bounds['ge']}, got {value}")
             if "gt" in bounds and value <= bounds["gt"]:
                 raise ConfigError(f"{f.name} must be > {bounds['gt']}, got {value}")
+        if self.lora_modules and not self.enable_lora:
+            raise ConfigError("lora_modules needs enable_lora=True")
+        if self.enable_lora and self.enable_graphs:
+            raise ConfigError("enable_lora with enable_graphs is not supported yet (docs/lora.md)")
         interval = self.prefix_checkpoint_interval
         if interval % self.kv_page_size:
             raise ConfigError(

@@ -7,11 +7,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from shortconv.engine.plan import StepPlan, StepResult
+from shortconv.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
     from shortconv.engine.stats import GraphStats, StartupReport
+    from shortconv.lora.adapter import LoraAdapter
 
 
 class ExecutorError(RuntimeError):
@@ -41,6 +43,11 @@ class BaseExecutor(ABC):
         """Write one checkpoint's state (`execution.state_io.scatter_state`); ValueError, and
         nothing written, when a shape does not fit."""
         raise NotImplementedError(f"state import at tp_size={self.tp_size} (tp_size 1 only)")
+
+    def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        """Write a LoRA adapter into slot `slot` on every rank (LoraError where it does not
+        fit the model)."""
+        raise ConfigError(f"{type(self).__name__} does not load LoRA adapters yet")
 
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         """Per rank: the shapes of its state tensors (tests assert each rank holds a shard)."""

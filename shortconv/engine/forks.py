@@ -27,6 +27,8 @@ def make_forks(parent: Request) -> None:
             index=i,
             parent=parent,
             source=parent,
+            lora_slot=parent.lora_slot,
+            lora_key=parent.lora_key,
         )
         for i in range(parent.params.n)
     ]

@@ -26,6 +26,8 @@ from shortconv.engine.session_store import SessionStore
 from shortconv.engine.stats import EngineStats, GraphStats, StartupReport
 from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from shortconv.execution.worker_spec import WorkerSpec
+from shortconv.lora.adapter import LoraError
+from shortconv.lora.engine_loras import EngineLoras
 from shortconv.metrics.recorder import MetricsRecorder
 from shortconv.sampling.grammar.runtime import GrammarRuntime
 from shortconv.sampling.sampling_params import SamplingParams
@@ -108,6 +110,11 @@ class LLMEngine:
         self._pools = ("conv",) + ((extra,) if extra else ())
         self.checkpoint_bytes = _bytes_per_slot(spec)  # one checkpoint, whole model
         self.weight_bytes = executor.weight_bytes()  # rank 0's, by dtype (a metrics gauge)
+        self.loras: EngineLoras | None = None
+        if eng.enable_lora:
+            self.loras = EngineLoras(executor, eng.max_loras, eng.max_lora_rank, self._busy_slots)
+            for name, path in (eng.lora_modules or {}).items():
+                self.loras.load(name, path)
         # Set by shortconv.metrics.recorder.attach_metrics; None: no metrics work at all.
         self.metrics: MetricsRecorder | None = None
 
@@ -141,10 +148,12 @@ class LLMEngine:
         request_id: str | None = None,
         session_id: str | None = None,
         images: Sequence[AnyImage] = (),
+        lora_name: str | None = None,
     ) -> str:
         """Queue a request. With `session_id`, state is kept after it finishes and the
         session's next turn resumes from it when its prompt extends this one's tokens.
-        `images` fill the prompt's image placeholders in order (engine.images)."""
+        `images` fill the prompt's image placeholders in order (engine.images). `lora_name`:
+        a loaded LoRA adapter to apply (LoraError if unknown)."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         placed = self.place_images(prompt_token_ids, images, params.n)
@@ -154,6 +163,8 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{n}"
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n)
         req = Request(rid, prompt_token_ids, params, seed, session_id=session_id, images=placed)
+        if lora_name is not None:
+            self._lora_engine().bind(req, lora_name)
         self.scheduler.add(req)
         for key, index in seq_ids(rid, params.n):
             self._outputs[key] = RequestOutput(
@@ -187,6 +198,25 @@ class LLMEngine:
             self.metrics.request_dropped(request_id)
         self.refresh_metrics()
         return out
+
+    # ---- LoRA adapters ------------------------------------------------------------------
+    def load_lora(self, name: str, path: str) -> None:
+        """Load a PEFT LoRA adapter under `name` (LoraError naming the module and reason)."""
+        self._lora_engine().load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self._lora_engine().unload(name)
+
+    def lora_names(self) -> list[str]:
+        return sorted(self.loras.slots.names) if self.loras is not None else []
+
+    def _lora_engine(self) -> EngineLoras:
+        if self.loras is None:
+            raise LoraError("LoRA adapters need enable_lora=True")
+        return self.loras
+
+    def _busy_slots(self) -> set[int]:
+        return {r.lora_slot for r in self.scheduler.requests.values() if r.lora_slot >= 0}
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

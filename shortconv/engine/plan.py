@@ -34,6 +34,8 @@ class SeqChunk:
     # sampling row per position before the last (`sampling` is the last's), each drawn as if
     # the proposals before it had been accepted (engine.speculation).
     draft_rows: tuple[SamplingRow, ...] = ()
+    # The LoRA adapter slot every token of this chunk uses (-1: the base model alone).
+    lora_slot: int = -1
 
     @property
     def samples(self) -> tuple[tuple[str, SamplingRow], ...]:

@@ -63,12 +63,16 @@ class Request:
     parent: Request | None = None  # a fork: its parent request
     forks: list[Request] = field(default_factory=list)  # a parent: its forks, by index
     source: Request | None = None  # a fork not admitted yet: the parent whose state it copies
+    # LoRA: the adapter's slot (-1: none) and its load's key (0: none), which every kept-state
+    # key carries (`adapter_keys`), so no state is shared across adapters.
+    lora_slot: int = -1
+    lora_key: int = 0
 
     @cached_property
     def prompt_key_ids(self) -> list[int]:
         """Kept state's key: the prompt with each image's placeholders as its digest
         (engine.images); built on first use, by the cache manager's lookups and checkpoints."""
-        return key_stream(self.prompt_token_ids, self.images)
+        return adapter_keys(key_stream(self.prompt_token_ids, self.images), self.lora_key)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -78,7 +82,7 @@ class Request:
     def all_key_ids(self) -> list[int]:
         """What prefix-cache checkpoints and session resumes are keyed by (`all_token_ids` with
         images as their digests)."""
-        return self.prompt_key_ids + self.output_token_ids
+        return self.prompt_key_ids + adapter_keys(self.output_token_ids, self.lora_key)
 
     @property
     def num_tokens(self) -> int:
@@ -87,6 +91,18 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+
+# Key ids under an adapter are moved past every token id and image digest (64-bit).
+_ADAPTER_KEY_SHIFT = 1 << 80
+
+
+def adapter_keys(keys: list[int], lora_key: int) -> list[int]:
+    """`keys` as kept state made under the adapter load `lora_key` is keyed (0: as is)."""
+    if not lora_key:
+        return keys
+    offset = lora_key * _ADAPTER_KEY_SHIFT
+    return [k + offset for k in keys]
 
 
 def fork_id(request_id: str, index: int) -> str:

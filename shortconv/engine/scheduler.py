@@ -254,6 +254,7 @@ class Scheduler:
             window_tables=tuple(tuple(t) for t in req.window_pages),
             images=self.encoder.chunk_images(req, start, n) if req.images else (),
             fork_rows=fork_rows,
+            lora_slot=req.lora_slot,
         )
 
     def _row(self, req: Request, draft: Sequence[int] = ()) -> SamplingRow:
@@ -291,6 +292,7 @@ class Scheduler:
             checkpoints=tuple((j, req.spec_slots[j - 1]) for j in range(1, k + 1)),
             window_tables=tuple(tuple(t) for t in req.window_pages),
             draft_rows=tuple(rows[:k]),
+            lora_slot=req.lora_slot,
         )
 
     def _preempt(self, req: Request) -> None:

@@ -22,6 +22,7 @@ from shortconv.execution.persistent_batch import PersistentBatch
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.state_io import gather_state, scatter_state
 from shortconv.execution.worker_spec import WorkerSpec
+from shortconv.lora.adapter import LoraAdapter
 
 
 class LocalExecutor(BaseExecutor):
@@ -49,6 +50,9 @@ class LocalExecutor(BaseExecutor):
 
     def shutdown(self) -> None:
         self.runner = None
+
+    def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        self._runner().load_lora(slot, adapter)
 
     def read_state(self, slot: int, pages: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         return gather_state(self._runner().pool, slot, pages)

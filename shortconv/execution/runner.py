@@ -27,6 +27,9 @@ from shortconv.layers.linear_binding import (
     process_linears_after_load,
 )
 from shortconv.layers.quantize import weight_bytes
+from shortconv.lora.adapter import LoraAdapter
+from shortconv.lora.batch import LoraBatch
+from shortconv.lora.install import install_adapter
 from shortconv.models.build import build_model
 from shortconv.models.loader import iter_checkpoint
 from shortconv.models.registry import model_class
@@ -46,6 +49,7 @@ class ModelRunner:
         check_support(model_cfg, device, tp.size, engine_cfg.quantization)
         self.cfg, self.tp, self.device, self.dtype = model_cfg, tp, device, dtype
         cls = model_class(model_cfg.arch)
+        self.lora = _lora_batch(spec, tp, cls)
         linears = self._linear_policy(spec)
         t0 = time.perf_counter()
         model = build_model(cls, model_cfg, tp, device, dtype, linears)
@@ -87,7 +91,8 @@ class ModelRunner:
         )
         self.startup_s["state_pool"] = time.perf_counter() - t0
         self.graphs: GraphRunner | None = None
-        if engine_cfg.graphs_enabled(device):
+        # NOTE: no captured graphs with LoRA yet (the adapter rows are no static buffer).
+        if engine_cfg.graphs_enabled(device) and self.lora is None:
             t0 = time.perf_counter()
             # NOTE: the engine's KV-capped limit, not the model's: no bucket beyond what a
             # sequence can reach.
@@ -120,6 +125,7 @@ class ModelRunner:
             quantize_lm_head=cfg.quantize_lm_head,
             cpu_gemm=cpu_gemm,
             prepack=cfg.prepack_cpu_weights and cpu,
+            lora=self.lora,
         )
 
     @torch.inference_mode()
@@ -131,6 +137,8 @@ class ModelRunner:
             self.pool.copy_pages(self._ids(pairs, 0), self._ids(pairs, 1), group)
         encoder_before = self.images.seconds if self.images is not None else 0.0
         encoder_s = 0.0  # this step's encoder time (a step with images only)
+        if self.lora is not None:
+            self.lora.begin_step(plan, self.device)
         if self.graphs is not None and self.graphs.accepts(plan):
             decoded = self.graphs.run(plan)
             hidden_rows, used_graph = decoded.hidden, decoded.used_graph
@@ -158,6 +166,12 @@ class ModelRunner:
         tokens, logprobs, tops = tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
         return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph, encoder_s)
 
+    def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        """Write `adapter` into LoRA slot `slot` of every layer (this rank's shard)."""
+        assert self.lora is not None, "load_lora needs enable_lora"
+        renames = self.model.hf_to_ours()  # type: ignore[operator]
+        install_adapter(self.model, renames, slot, adapter, self.tp)
+
     def _forward(self, plan: StepPlan, step: StepTensors) -> torch.Tensor:
         """NOTE: the one place a step's input stops being token ids only: a plan with images
         encodes its new ones and replaces their placeholders' embeddings before layer 0."""
@@ -180,6 +194,18 @@ class ModelRunner:
             if caches is not None:
                 shapes["kv" if g == 0 else f"kv{g}"] = tuple(caches[0].shape)
         return shapes
+
+
+def _lora_batch(spec: WorkerSpec, tp: ParallelContext, cls: type) -> LoraBatch | None:
+    """The model's LoRA rows where LoRA is enabled; what it does not cover yet is refused."""
+    cfg = spec.engine_cfg
+    if not cfg.enable_lora:
+        return None
+    if tp.size > 1:
+        raise ConfigError("enable_lora needs tp_size=1 for now (docs/lora.md)")
+    if not hasattr(cls, "hf_to_ours") or spec.model_cfg.arch.endswith("_vl"):
+        raise ConfigError(f"enable_lora: {spec.model_cfg.arch} is not supported yet")
+    return LoraBatch(cfg.max_loras, cfg.max_lora_rank)
 
 
 def _per_sample(logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:

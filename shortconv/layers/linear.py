@@ -6,6 +6,8 @@ layers.linear_binding; until then (a layer built outside `build_model`) it is pl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,9 @@ from shortconv.kernels.cpu_gemm import Q8Weight
 from shortconv.layers.linear_float import FLOAT
 from shortconv.layers.linear_method import LinearMethod, PackedWeight
 from shortconv.layers.shard import load_shard_, mark_rows, mark_shard
+
+if TYPE_CHECKING:
+    from shortconv.lora.linear import LoraSlots
 
 __all__ = [
     "ColumnParallelLinear",
@@ -45,6 +50,7 @@ class LinearBase(nn.Module):
     is_lm_head: bool = False
     blocked: PackedWeight | None = None  # OneDnnLinear's prepacked copy
     q8: Q8Weight | None = None  # Q8Linear's weight
+    lora: LoraSlots | None = None  # LoRALinear's adapter slots
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)

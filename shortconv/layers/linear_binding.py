@@ -8,7 +8,7 @@ so the forward never asks what kind of weight it holds.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -20,6 +20,8 @@ from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
 from shortconv.layers.linear_float import FLOAT, cpu_float_method
 from shortconv.layers.linear_method import LinearMethod
 from shortconv.layers.quantize import Q8Linear
+from shortconv.lora.batch import LoraBatch
+from shortconv.lora.linear import LoRALinear
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,19 @@ class LinearPolicy:
     quantize_lm_head: bool = False
     cpu_gemm: bool = False
     prepack: bool = False
+    # With LoRA enabled: the model's step rows, shared by every layer wrapped in LoRALinear
+    # (every projection but the LM head and empty shards).
+    lora: LoraBatch | None = field(default=None, compare=False)
 
     def method_for(self, name: str, layer: LinearBase, shared: bool) -> LinearMethod:
         """The method for `layer` (qualified `name`); `shared`: another module holds its
         weight (a tied embedding), so a quantized layer keeps the float copy."""
+        base = self._base_method(name, layer, shared)
+        if self.lora is None or layer.is_lm_head or not layer.weight.numel():
+            return base
+        return LoRALinear(base, self.lora)
+
+    def _base_method(self, name: str, layer: LinearBase, shared: bool) -> LinearMethod:
         w = layer.weight
         if not w.numel():
             return FLOAT  # an empty shard (ZAYA1's delayed values on some ranks)

@@ -29,7 +29,7 @@ def mark_rows(param: nn.Parameter, dim: int, ranges: tuple[tuple[int, int], ...]
     return param
 
 
-def _rank_block(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext) -> torch.Tensor:
+def rank_block(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext) -> torch.Tensor:
     dim = getattr(param, "shard_dim", None)
     ranges = getattr(param, "shard_ranges", None)
     if ranges is not None:
@@ -44,7 +44,7 @@ def _rank_block(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext) ->
 
 def load_shard_(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext, name: str) -> None:
     """Copy this rank's block of `full` into `param`, with a clear error on any shape mismatch."""
-    t = _rank_block(param, full, tp)
+    t = rank_block(param, full, tp)
     if t.shape != param.shape:
         raise CheckpointError(
             f"checkpoint tensor {name!r} has shape {tuple(full.shape)}, expected "

@@ -119,6 +119,11 @@ class ZayaForCausalLM(nn.Module):
             StateSpec("prev_state", cfg.conv_layer_ids, (prev,)),
         ]
 
+    @staticmethod
+    def hf_to_ours() -> dict[str, str]:
+        """Rename rules: HF checkpoint name fragment → our parameter name fragment."""
+        return _HF_TO_OURS
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         loader = WeightLoader(self, self.tp, _HF_TO_OURS)
         loader.load(self._prepare(weights))

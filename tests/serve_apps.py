@@ -18,13 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def yaml_app(name: str, tmp_path_factory: pytest.TempPathFactory, **args: Any) -> Iterator[str]:
+def yaml_app(
+    name: str, tmp_path_factory: pytest.TempPathFactory, graceful: bool = False, **args: Any
+) -> Iterator[str]:
     """Serve deployments/<name>.yaml (its first app's args updated by `args`); yields the base
-    URL. Each app gets a cache of its own (the tiny checkpoint is built into it)."""
+    URL. Each app gets a cache of its own (the tiny checkpoint is built into it). `graceful`:
+    stopped as Ctrl-C stops `serve run` (replicas shut down; deployments/serve/serve_run.py)."""
     config = yaml.safe_load((ROOT / "deployments" / f"{name}.yaml").read_text())
     config["applications"][0]["args"].update(args)
     env = {"XDG_CACHE_HOME": str(model_cache(tmp_path_factory.getbasetemp()))}
-    with serve_run(config, 240.0, env=env) as (url, _):
+    with serve_run(config, 240.0, env=env, graceful=graceful) as (url, _):
         yield url
 
 

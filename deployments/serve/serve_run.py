@@ -44,10 +44,14 @@ RAY_START_TIMED_OUT = "timed out during startup"
 
 @contextmanager
 def serve_run(
-    config: dict[str, Any], timeout_s: float, env: dict[str, str] | None = None
+    config: dict[str, Any],
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    graceful: bool = False,
 ) -> Iterator[tuple[str, Path]]:
     """Yields (base URL, log path); `env` adds to the inherited environment (RAY_ADDRESS is
-    dropped so the child starts its own Ray). The temp dir (config, log, Ray's) is removed."""
+    dropped so the child starts its own Ray). The temp dir (config, log, Ray's) is removed.
+    `graceful` stops it as Ctrl-C does (see `stop`)."""
     port = free_port()
     config = {
         **config,
@@ -64,7 +68,7 @@ def serve_run(
         try:
             yield url, log
         finally:
-            stop(proc)
+            stop(proc, graceful)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -107,8 +111,17 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: f
     raise ServeRunError(f"no answer within {timeout_s:.0f}s:\n{log.read_text()[-4000:]}")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to `serve run` (it shuts down the Ray it started), then SIGKILL its group."""
+def stop(proc: subprocess.Popen[bytes], graceful: bool = False) -> None:
+    """SIGTERM to `serve run` (it shuts down the Ray it started), then SIGKILL its group.
+    `graceful` sends SIGINT first: only on Ctrl-C does `serve run` call `serve.shutdown()`,
+    which runs each replica's shutdown (its engine's: sessions spill to a session store);
+    SIGTERM ends Ray under the replicas and the group's SIGKILL follows."""
+    if graceful and proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -351,6 +351,7 @@ class LLMEngine:
             self.checkpoint_bytes,
             self._encoder_seconds,
             self.weight_bytes,
+            self.session_state.counters,
         )
 
     def export_session(self, session_id: str) -> bytes | None:

@@ -7,12 +7,16 @@ lives in `engine.stats`, which the Serve layer imports without the engine.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shortconv.cache.manager import CacheManager
 from shortconv.configs.speculative import METHODS
 from shortconv.engine.scheduler import Scheduler
 from shortconv.engine.stats import EngineStats
+from shortconv.metrics.defs import SESSION_STATE_EVENTS, SESSION_STATE_REFUSALS
+
+if TYPE_CHECKING:
+    from shortconv.engine.session_state import StateCounters
 
 
 def engine_stats(
@@ -23,6 +27,7 @@ def engine_stats(
     checkpoint_bytes: int,
     encoder_seconds: float = 0.0,
     weight_bytes: Mapping[str, int] | None = None,
+    session_state: StateCounters | None = None,
 ) -> EngineStats:
     """Occupancy now, and the counters since start (`counts`: prompt/generation/cached tokens
     and images encoded; `finished`: requests by finish reason; `encoder_seconds`: the vision
@@ -57,7 +62,19 @@ def engine_stats(
         },
         **_prefix_cache_stats(cm, checkpoint_bytes),
         **_spec_stats(scheduler),
+        **_session_state_stats(session_state),
     )
+
+
+def _session_state_stats(c: StateCounters | None) -> dict[str, Any]:
+    """Every event and reason at 0 from the start, so each series exists before it fires."""
+    events = dict.fromkeys(SESSION_STATE_EVENTS, 0)
+    refused = dict.fromkeys(SESSION_STATE_REFUSALS, 0)
+    return {
+        "session_state_bundles": events | dict(c.events if c else {}),
+        "session_state_bytes": events | dict(c.bytes if c else {}),
+        "session_state_refused": refused | dict(c.refused if c else {}),
+    }
 
 
 def _spec_stats(scheduler: Scheduler) -> dict[str, Any]:

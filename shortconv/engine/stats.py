@@ -59,6 +59,12 @@ class EngineStats:
     spec_decode_num_accepted_tokens_by_method: dict[str, int] = field(default_factory=dict)
     spec_decode_num_accepted_tokens_per_pos: dict[str, int] = field(default_factory=dict)
     spec_decode_accepted_lengths: tuple[int, ...] = ()
+    # Session state bundles (`engine.session_state`, docs/session_store.md): bundles and their
+    # bytes by event (exported, imported, spilled, restored; every key present from the start)
+    # and bundles refused by reason (metrics.defs.SESSION_STATE_REFUSALS).
+    session_state_bundles: dict[str, int] = field(default_factory=dict)
+    session_state_bytes: dict[str, int] = field(default_factory=dict)
+    session_state_refused: dict[str, int] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -26,12 +26,31 @@ FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, 
 STEP_PHASES = ("decode", "extend", "mixed")
 KV_GROUP_KINDS = ("full", "sliding")  # EngineStats.kv_pages_*_by_kind's keys
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")  # weight_bytes_by_dtype's keys
+# What happens to a session state bundle, and why one is refused: the bundle's own checks
+# (truncated, checksum, version, format), a layout that is not this engine's (fingerprint,
+# dtype, tp_size, page_size), tensors that do not fit (shape), no free slot or pages (no_room),
+# an executor that cannot move state (tp). `engine.session_state` counts only these.
+SESSION_STATE_EVENTS = ("exported", "imported", "spilled", "restored")
+SESSION_STATE_REFUSALS = (
+    "truncated",
+    "checksum",
+    "version",
+    "format",
+    "fingerprint",
+    "dtype",
+    "tp_size",
+    "page_size",
+    "shape",
+    "no_room",
+    "tp",
+)
 _LABEL_VALUES = {
     "finished_reason": FINISHED_REASONS,
     "phase": STEP_PHASES,
     "kind": KV_GROUP_KINDS,
     "dtype": WEIGHT_DTYPES,
     "method": METHODS,
+    "event": SESSION_STATE_EVENTS,
 }
 
 # Accepted proposals per verify row: whole numbers up to the largest k worth running. Bounds
@@ -329,6 +348,29 @@ METRICS: tuple[MetricDef, ...] = (
         "engine.spec_decode_accepted_lengths",
         "Speculative decoding: proposals accepted per verify row (0..k).",
         buckets=ACCEPTED_LENGTH_BUCKETS,
+    ),
+    _m(
+        "counter",
+        "session_state_bundles_total",
+        "engine.session_state_bundles",
+        "Session state bundles by event: exported, imported (accepted), spilled (written to "
+        "the session store) or restored (resumed from it; also counted as imported).",
+        "event",
+    ),
+    _m(
+        "counter",
+        "session_state_bytes_total",
+        "engine.session_state_bytes",
+        "Bytes of the session state bundles counted in session_state_bundles_total, by event.",
+        "event",
+    ),
+    _m(
+        "counter",
+        "session_state_refused_total",
+        "engine.session_state_refused",
+        "Session state bundles refused (the session re-prefills), by reason.",
+        "reason",
+        values=SESSION_STATE_REFUSALS,
     ),
     _m(
         "counter",

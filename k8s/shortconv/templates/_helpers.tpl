@@ -159,6 +159,27 @@ would look like a hung replica.
 {{- end }}
 {{- end -}}
 
+{{/* Durable sessions: the store directory on every worker pod (replicas run only there), a
+claim shared by the pods or, with none named, a directory of the pod's own. */}}
+{{- define "shortconv.sessionStoreMount" -}}
+{{- with .Values.serve.args.session_store }}
+- name: session-store
+  mountPath: {{ .path }}
+{{- end }}
+{{- end -}}
+
+{{- define "shortconv.sessionStoreVolume" -}}
+{{- if .Values.serve.args.session_store }}
+- name: session-store
+  {{- with .Values.sessionStore.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ . }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* The checkpoint directory the app will load: `model`, under `model_root` when relative. */}}
 {{- define "shortconv.modelDir" -}}
 {{- $a := .Values.serve.args -}}

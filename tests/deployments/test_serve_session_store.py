@@ -1,0 +1,121 @@
+"""Durable sessions through `serve run deployments/lfm2.yaml` with `session_store: {path}`:
+the app serves turn 1 of three sessions and is stopped (the replica's engine core spills every
+held session at shutdown); a new app on the same store serves turn 2 of each. The oracle is the
+same two turns on an app without a store that never restarted: equal text, and turn 2 resumes
+its whole history (`cached_tokens`). One session's file gets a flipped byte: that turn
+re-prefills (no cached tokens) with equal text, and the refusal is counted in
+`/v1/internal/stats`. Three app starts, one at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from serve_apps import openai_client, yaml_app
+
+from shortconv.configs.session_store import SessionStoreConfig
+from shortconv.engine.session_store import SessionStore
+
+SESSIONS = ("s0", "s1", "s2")
+CORRUPT = "s2"
+ASK: dict[str, Any] = {"max_tokens": 8, "temperature": 0.0}
+
+
+def first_turn(sid: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{sid}: remember me, I am {sid} and I like {sid}."}]
+
+
+def second_turn(sid: str, answer: str) -> list[dict[str, str]]:
+    return [
+        *first_turn(sid),
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And now, what next?"},
+    ]
+
+
+def chat(base: str, sid: str, messages: list[dict[str, str]]) -> tuple[str, int, int]:
+    """One greedy turn of session `sid` -> (text, cached_tokens, prompt_tokens)."""
+    client = openai_client(base)
+    model = client.models.list().data[0].id
+    r = client.chat.completions.create(
+        model=model,
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers={"x-session-id": sid},
+        **ASK,
+    )
+    details = r.usage.prompt_tokens_details if r.usage else None
+    cached = details.cached_tokens or 0 if details else 0
+    return r.choices[0].message.content or "", cached, r.usage.prompt_tokens if r.usage else 0
+
+
+def stats(base: str) -> dict[str, Any]:
+    return httpx.get(f"{base}/v1/internal/stats", timeout=30).json()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    found: dict[str, Any] = {"oracle": {}, "one": {}, "two": {}}
+    with yaml_app("lfm2", tmp_path_factory) as url:  # no store, never restarted
+        for sid in SESSIONS:
+            text1 = chat(url, sid, first_turn(sid))[0]
+            found["oracle"][sid] = (text1, chat(url, sid, second_turn(sid, text1)))
+    store_dir = tmp_path_factory.mktemp("store")
+    store_args = {"session_store": {"path": str(store_dir)}}
+    with yaml_app("lfm2", tmp_path_factory, graceful=True, **store_args) as url:
+        for sid in SESSIONS:
+            found["one"][sid] = chat(url, sid, first_turn(sid))
+    store = SessionStore(SessionStoreConfig(path=str(store_dir)))
+    found["spilled"] = {sid: store.file_of(sid).is_file() for sid in SESSIONS}
+    if found["spilled"][CORRUPT]:
+        _flip_a_byte(store.file_of(CORRUPT))
+    with yaml_app("lfm2", tmp_path_factory, **store_args) as url:
+        for sid in SESSIONS:
+            found["two"][sid] = chat(url, sid, second_turn(sid, found["one"][sid][0]))
+        found["stats"] = stats(url)
+    yield found
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x20
+    path.write_bytes(bytes(data))
+
+
+def test_shutdown_spilled_every_session(runs: dict[str, Any]) -> None:
+    assert runs["spilled"] == dict.fromkeys(SESSIONS, True)
+
+
+def test_turn_one_equals_the_oracle(runs: dict[str, Any]) -> None:
+    for sid in SESSIONS:
+        assert runs["one"][sid][0] == runs["oracle"][sid][0], sid
+
+
+# NOTE: an app's session pins two checkpoints (turn 1's prompt end and its last token), and
+# the next chat turn, re-rendered by the template, often resumes from the prompt end; a
+# bundle carries only the deepest one (docs/session_store.md, "Not yet"), so the restored
+# session matches nothing and re-prefills. Strict: this fails loudly once bundles carry both.
+@pytest.mark.xfail(strict=True, reason="a bundle carries only the deepest checkpoint")
+@pytest.mark.parametrize("sid", [s for s in SESSIONS if s != CORRUPT])
+def test_restored_session_resumes_its_history_with_equal_text(
+    runs: dict[str, Any], sid: str
+) -> None:
+    text, cached, prompt = runs["two"][sid]
+    want_text, want_cached, want_prompt = runs["oracle"][sid][1]
+    assert text == want_text
+    assert prompt == want_prompt
+    turn1 = runs["one"][sid][2]
+    # the same history as the app that kept it in memory
+    assert cached == want_cached > 0, f"turn 1's prompt: {turn1} tokens"
+
+
+def test_corrupt_file_reprefills_with_equal_text_and_is_counted(runs: dict[str, Any]) -> None:
+    text, cached, _ = runs["two"][CORRUPT]
+    want_text, want_cached, _ = runs["oracle"][CORRUPT][1]
+    assert cached < want_cached  # not resumed from the refused file
+    assert text == want_text
+    st = runs["stats"]
+    assert st["session_state_refused"]["checksum"] == 1
+    assert st["session_state_bundles"]["restored"] == len(SESSIONS) - 1

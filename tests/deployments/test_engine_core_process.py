@@ -57,14 +57,15 @@ def _stat(path: Path) -> list[str]:
 
 
 def test_the_core_runs_at_engine_niceness_not_at_rays_worker_niceness(base: str) -> None:
-    assert complete(base) is not None  # a step ran: torch's OpenMP threads exist
+    assert complete(base) is not None  # a step ran
     (pid,) = descendant_pids(CORE)
     replica = int(_stat(Path(f"/proc/{pid}/stat"))[1])
     # Ray starts workers, the replica among them, at nice 15 (19 under a niced pytest): what
     # the core would inherit.
     assert int(_stat(Path(f"/proc/{replica}/stat"))[16]) > ARGS_NICENESS
+    # Every thread: torch's OpenMP pool (when the core has more than one torch thread) is
+    # started after the move and inherits it.
     threads = list(Path(f"/proc/{pid}/task").iterdir())
-    assert len(threads) > 1
     assert {int(_stat(t / "stat")[16]) for t in threads} == {ARGS_NICENESS}
 
 
@@ -74,15 +75,19 @@ def test_core_killed_mid_stream_ends_requests_in_an_error_then_the_replica_is_re
     want = wait_for(lambda: complete(base), REPLACE_S, "a healthy replica")
     old = want.headers[REPLICA_HEADER]
     body = {"prompt": "hello", "max_tokens": 500, "temperature": 0.0, "ignore_eos": True}
+    # NOTE: the whole request runs to nearly the model's length: with the core at nice 0 and
+    # the replica at Ray's nice 15, 500 tokens could finish before the stream's first events
+    # were relayed, and the request was no longer in flight when the core died.
+    long = {**body, "max_tokens": 1000}
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=base, timeout=60) as http:
-        whole = pool.submit(http.post, "/v1/completions", json=body)  # in flight too
+        whole = pool.submit(http.post, "/v1/completions", json=long)  # in flight too
         killed: list[int] = []
 
         def kill() -> None:
             killed.extend(descendant_pids(CORE))
             os.kill(killed[0], signal.SIGKILL)
 
-        events, elapsed = stream_and_kill(http, body, kill)
+        events, elapsed = stream_and_kill(http, body, kill, after=1)
         assert len(killed) == 1
         assert events[-1] == "[DONE]" and elapsed < ERROR_WITHIN_S, (elapsed, events[-3:])
         err = json.loads(events[-2])["error"]

@@ -67,7 +67,9 @@ def test_function_call_round_trip_streamed_and_not(client: openai.OpenAI, model:
         deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
         final = stream.get_final_response()
     (streamed,) = [o for o in final.output if o.type == "function_call"]
-    assert len(deltas) >= 2 and "".join(deltas) == streamed.arguments == call.arguments
+    # NOTE: not a count of deltas: when the engine core runs ahead of the replica's relay, a
+    # stream's tokens arrive coalesced, and the whole arguments may come as one delta.
+    assert deltas and "".join(deltas) == streamed.arguments == call.arguments
     answer: Any = [{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
     for stream_it in (False, True):
         kw2 = dict(model=model, tools=[WEATHER], previous_response_id=r.id, **GREEDY)

@@ -83,7 +83,10 @@ def test_continuous_usage_is_in_every_chunk_and_only_with_include_usage() -> Non
         )
         chunks = _events(r)
         done = [c["usage"]["completion_tokens"] for c in chunks]
-        assert done == [0, 1, 2, 3, 3] and chunks[-1]["choices"] == []
+        # NOTE: counts, not one chunk per token: a stream that falls behind the engine core
+        # takes its backlog as one chunk. The role chunk counts 0, the usage-only chunk the total.
+        assert done[0] == 0 and done[-2:] == [3, 3] and done == sorted(done), done
+        assert chunks[-1]["choices"] == []
         assert all(
             c["usage"]["prompt_tokens"] == chunks[0]["usage"]["prompt_tokens"] > 0 for c in chunks
         )

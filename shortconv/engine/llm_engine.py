@@ -62,15 +62,16 @@ class LLMEngine:
         eos = set(self.model_cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
+        self.stop_ids = tuple(sorted(eos))  # the scheduler's and the grammar runtime's
         hf = self.tokenizer.hf if self.tokenizer is not None else None
-        self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, sorted(eos))
+        self.grammars = GrammarRuntime(hf, self.model_cfg.vocab_size, list(self.stop_ids))
         self.scheduler = Scheduler(
             SchedulerConfig(
                 eng.max_num_seqs,
                 eng.max_num_batched_tokens,
                 self.max_model_len,
                 eng.kv_page_size,
-                tuple(sorted(eos)),
+                self.stop_ids,
                 enable_prefix_caching=eng.enable_prefix_caching,
                 session_ttl_s=eng.session_ttl_s,
                 checkpoint_interval=eng.checkpoint_interval,
@@ -92,7 +93,6 @@ class LLMEngine:
             drafting = f", draft {model}" if model is not None else ""
             log.info("speculative decoding: method %s%s, k=%d", speculative.method, drafting, k)
         self.image_spec = ImageSpec.of(self.model_cfg)  # None: a text-only model
-        self.stop_ids = tuple(sorted(eos))  # the grammar runtime's stop tokens
         self.limits = RequestLimits(
             self.model_cfg.arch,
             self.model_cfg.vocab_size,

@@ -11,6 +11,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from shortconv.configs.speculative import METHODS
 from shortconv.engine.outputs import FinishReason
+from shortconv.metrics.buckets import (
+    ACCEPTED_LENGTH_BUCKETS,
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    STEP_BUCKETS,
+    TTFT_BUCKETS,
+)
 
 if TYPE_CHECKING:
     from shortconv.engine.stats import EngineStats, GraphStats
@@ -52,100 +59,6 @@ _LABEL_VALUES = {
     "method": METHODS,
     "event": SESSION_STATE_EVENTS,
 }
-
-# Accepted proposals per verify row: whole numbers up to the largest k worth running. Bounds
-# sit halfway between them because Ray's Histogram refuses a 0 boundary (every replica's
-# metrics sink then fails to start); le="0.5" counts the rows that accepted nothing.
-ACCEPTED_LENGTH_BUCKETS = (0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 12.5, 16.5)
-
-# vLLM's ladders; ITL and step time get sub-10 ms buckets since a short-conv decode step is fast.
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-E2E_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-STEP_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ q4: 4-bit codes c in 0..15 with an fp32 scale and an fp32 min per 32 consecutive
 row, w ~= c * scale + min. The min (llama.cpp's Q4_1 and Q4_K keep one too; Q4_K_M, the quality
 anchor, is scale + min per 32 weights under 6-bit super-block scales) lets a block whose values
 are not centred on zero use all 16 levels, where a symmetric code wastes one and rounds the
-short side of the block as coarsely as the long one. Here the scale and min are fp32 (5 bits a
-weight with the codes; Q4_K stores them in 4.5), and each block maps its own [min, max] onto
+short side of the block as coarsely as the long one. Here the scale and min are fp32 (6 bits a
+weight with the codes; Q4_K_M's Q4_K stores 4.5), and each block maps its own [min, max] onto
 0..15 (Q4_K searches a slightly better pair; this is its plain starting point).
 """
 

@@ -49,8 +49,8 @@ class Q8Linear(LinearMethod):
 @dataclass(frozen=True)
 class Q4Linear(LinearMethod):
     """x W^T for a q4 weight, at every batch size through our AVX2 q4 kernel: torch 2.14's CPU
-    int4 matmul measured slower than our q8 kernel at one row and ~70x slower at 8 rows
-    (bench/int4_gemm.py). `keep_float` as for Q8Linear."""
+    int4 matmul took 48-69x our q8 kernel's CPU time at 1-32 rows (bench/int4_gemm.py).
+    `keep_float` as for Q8Linear."""
 
     keep_float: bool = False
     name: str = "q4"

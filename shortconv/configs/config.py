@@ -189,8 +189,9 @@ class EngineConfig:
     # Linear weights quantized at load, per rank after TP sharding (shortconv.layers.quantize):
     # "int8": int8 with one scale per 32 weights of a row, on CPU (kernels/cpu_gemm). The
     # embedding, the LM head (unless quantize_lm_head), routed experts and vision towers keep
-    # the model dtype. "int4" and "fp8" are named so a YAML asking for them is refused at
-    # start-up with the reason.
+    # the model dtype. "int4": 4-bit codes with a scale and a min per 32 weights of a row, on
+    # CPU (kernels/cpu_gemm_q4), the same weights. "fp8" is named so a YAML asking for it is
+    # refused at start-up with the reason.
     quantization: Literal["none", "int8", "int4", "fp8"] = "none"
     # With quantization: the LM head too. A head tied to the embedding gets its own quantized
     # copy (the embedding keeps its float rows for lookups), so decode reads the head's int8

@@ -53,20 +53,21 @@ def check_quantization(method: str, cfg: ModelConfig, device: torch.device) -> N
     not (before any weight is read)."""
     if method == "none":
         return
-    if method != "int8":
+    if method not in ("int8", "int4"):
         raise ConfigError(
-            f"quantization={method!r} is not implemented yet; supported: 'none', 'int8' (CPU)"
+            f"quantization={method!r} is not implemented yet; supported: 'none', 'int8' and "
+            "'int4' (CPU)"
         )
     if device.type != "cpu":
         raise ConfigError(
-            "quantization='int8' runs on CPU only (our AVX2 q8 kernels); on "
+            f"quantization={method!r} runs on CPU only (our AVX2 q8/q4 kernels); on "
             f"{device.type} use quantization='none'"
         )
     why_not = cpu_gemm.cannot_build()
     if why_not is not None:
-        raise ConfigError(f"quantization='int8' needs the AVX2 CPU kernels: {why_not}")
+        raise ConfigError(f"quantization={method!r} needs the AVX2 CPU kernels: {why_not}")
     if cfg.arch in ("lfm2_vl", "lfm3_vl"):
         raise ConfigError(
-            f"quantization='int8' is not measured for {cfg.arch}'s vision tower yet; serve it "
+            f"quantization={method!r} is not measured for {cfg.arch}'s vision tower yet; serve it "
             "with quantization='none'"
         )

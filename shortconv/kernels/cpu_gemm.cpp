@@ -6,6 +6,7 @@
 //     q8: one scale per 32 consecutive weights of a row (w ~= q * scale). x is rounded to
 //     int16 with one scale per 32 values (~3e-5 of the block's largest magnitude), so each
 //     block's products are summed exactly in int32 (vpmaddwd), then scaled into fp32.
+//   gemm_q4(...): 4-bit weights with a scale and a min per 32 (cpu_gemm_q4.inc, included).
 //
 // Why our own (2-core AMD EPYC, LFM2-350M's weights, bench/RESULTS.md): torch's fp32 paths
 // read the weights at one row near the copy bandwidth (oneDNN) but at half of it by 4-8 rows,
@@ -256,14 +257,18 @@ at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Ten
   return finish(y, bias);
 }
 
+#include "cpu_gemm_q4.inc"
+
 }  // namespace
 
 TORCH_LIBRARY(shortconv_cpu, m) {
   m.def("gemm_f32(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("gemm_q8(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
+  m.def("gemm_q4(Tensor x, Tensor q, Tensor scale, Tensor min, Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(shortconv_cpu, CPU, m) {
   m.impl("gemm_f32", TORCH_FN(gemm_f32));
   m.impl("gemm_q8", TORCH_FN(gemm_q8));
+  m.impl("gemm_q4", TORCH_FN(gemm_q4));
 }

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 Q8_BLOCK = 32  # weights per scale
 SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
+# Sources the build reads (cpu_gemm.cpp includes the q4 kernel): all of them key the cache.
+SOURCES = (SOURCE, SOURCE.with_name("cpu_gemm_q4.inc"))
 _LOCK = threading.Lock()
 _STATE: dict[str, str | None] = {}  # "error": why the kernels are unavailable, None once loaded
 
@@ -142,7 +144,7 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
 
 def library_path() -> Path:
     """Where the build for this source, flags, torch and Python lives (any change rebuilds)."""
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES))
     key.update(f"{FLAGS} {torch.__version__} {sys.version_info[:2]}".encode())
     return cache_dir() / f"shortconv_cpu_gemm-{key.hexdigest()[:16]}.so"
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from shortconv.execution.parallel import ParallelContext
 from shortconv.kernels.cpu_gemm import Q8Weight
+from shortconv.kernels.cpu_gemm_q4 import Q4Weight
 from shortconv.layers.linear_float import FLOAT
 from shortconv.layers.linear_method import LinearMethod, PackedWeight
 from shortconv.layers.shard import load_shard_, mark_rows, mark_shard
@@ -50,6 +51,7 @@ class LinearBase(nn.Module):
     is_lm_head: bool = False
     blocked: PackedWeight | None = None  # OneDnnLinear's prepacked copy
     q8: Q8Weight | None = None  # Q8Linear's weight
+    q4: Q4Weight | None = None  # Q4Linear's weight
     lora: LoraSlots | None = None  # LoRALinear's adapter slots
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,9 +19,12 @@ from shortconv.layers.linear import LinearBase
 from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
 from shortconv.layers.linear_float import FLOAT, cpu_float_method
 from shortconv.layers.linear_method import LinearMethod
-from shortconv.layers.quantize import Q8Linear
+from shortconv.layers.quantize import Q4Linear, Q8Linear
 from shortconv.lora.batch import LoraBatch
 from shortconv.lora.linear import LoRALinear
+
+# The method each `quantization` binds (both run on our AVX2 kernels, on CPU).
+QUANTIZED: dict[str, type[Q8Linear] | type[Q4Linear]] = {"int8": Q8Linear, "int4": Q4Linear}
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,15 @@ class LinearPolicy:
         w = layer.weight
         if not w.numel():
             return FLOAT  # an empty shard (ZAYA1's delayed values on some ranks)
-        if self.quantization == "int8" and (self.quantize_lm_head or not layer.is_lm_head):
-            if w.shape[1] % Q8_BLOCK:
+        quantized = QUANTIZED.get(self.quantization)
+        if quantized is not None and (self.quantize_lm_head or not layer.is_lm_head):
+            if w.shape[1] % Q8_BLOCK:  # q8's and q4's blocks are both 32 weights
                 raise ConfigError(
-                    f"quantization='int8' needs each rank's input features to be a multiple "
-                    f"of {Q8_BLOCK}; {name} has {w.shape[1]} (serve it with "
+                    f"quantization={self.quantization!r} needs each rank's input features to "
+                    f"be a multiple of {Q8_BLOCK}; {name} has {w.shape[1]} (serve it with "
                     "quantization='none' or another tp_size)"
                 )
-            return Q8Linear(keep_float=shared)
+            return quantized(keep_float=shared)
         if not (w.device.type == "cpu" and w.dtype == torch.float32 and not w.requires_grad):
             return FLOAT
         larger = cpu_float_method(w, self.prepack)

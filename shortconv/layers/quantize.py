@@ -1,12 +1,14 @@
-"""The q8 linear method (`EngineConfig.quantization="int8"`) and the weight-bytes report.
+"""The quantized linear methods (`EngineConfig.quantization`: "int8" is q8, "int4" is q4) and
+the weight-bytes report.
 
 q8 (kernels/cpu_gemm): int8 weights with one fp32 scale per 32 consecutive weights of a row.
+q4 (kernels/cpu_gemm_q4): 4-bit codes with an fp32 scale and min per 32 weights of a row.
 `process_after_load` runs on each rank after its shard is loaded, so each weight is quantized
 once per rank. A block never straddles two ranks: column-parallel ranks hold whole rows, and a
-row-parallel shard starts at a multiple of its width, which must be a multiple of 32 (checked
-when the method is bound, with the layer named: layers.linear_binding), so TP ranks hold
-exactly TP 1's integers and scales, split. The float weight is dropped unless another module
-shares it (an embedding tied to the LM head keeps its rows for lookups).
+row-parallel shard starts at a multiple of its width, which must be a multiple of 32 (both
+formats; checked when the method is bound, with the layer named: layers.linear_binding), so TP
+ranks hold exactly TP 1's integers and scales, split. The float weight is dropped unless
+another module shares it (an embedding tied to the LM head keeps its rows for lookups).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from shortconv.kernels.cpu_gemm import gemm_q8, quantize_q8
+from shortconv.kernels.cpu_gemm_q4 import gemm_q4, quantize_q4
 from shortconv.layers.linear import LinearBase
 from shortconv.layers.linear_method import LinearLayer, LinearMethod
 
@@ -34,9 +37,7 @@ class Q8Linear(LinearMethod):
 
     def process_after_load(self, layer: LinearLayer) -> None:
         layer.q8 = quantize_q8(layer.weight)
-        if not self.keep_float:
-            # An empty tensor keeps the attribute (and its dtype); the int8 copy is the only one.
-            layer.weight = nn.Parameter(layer.weight.new_empty(0), requires_grad=False)
+        _drop_float(layer, self.keep_float)
 
     def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         qw = layer.q8
@@ -45,9 +46,36 @@ class Q8Linear(LinearMethod):
         return y.to(x.dtype).view(*x.shape[:-1], qw.out_features)
 
 
+@dataclass(frozen=True)
+class Q4Linear(LinearMethod):
+    """x W^T for a q4 weight, at every batch size through our AVX2 q4 kernel: torch 2.14's CPU
+    int4 matmul took 48-69x our q8 kernel's CPU time at 1-32 rows (bench/int4_gemm.py).
+    `keep_float` as for Q8Linear."""
+
+    keep_float: bool = False
+    name: str = "q4"
+
+    def process_after_load(self, layer: LinearLayer) -> None:
+        layer.q4 = quantize_q4(layer.weight)
+        _drop_float(layer, self.keep_float)
+
+    def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        qw = layer.q4
+        assert qw is not None, "Q4Linear.apply before process_after_load"
+        y = gemm_q4(x.reshape(-1, x.shape[-1]).float(), qw, bias)
+        return y.to(x.dtype).view(*x.shape[:-1], qw.out_features)
+
+
+def _drop_float(layer: LinearLayer, keep: bool) -> None:
+    if not keep:
+        # An empty tensor keeps the attribute (and its dtype); the quantized copy is the only one.
+        layer.weight = nn.Parameter(layer.weight.new_empty(0), requires_grad=False)
+
+
 def weight_bytes(model: nn.Module) -> dict[str, int]:
     """Bytes of `model`'s weights on this rank by storage dtype (int8 weights with their fp32
-    scales under "int8"); a tensor shared by two modules (a tied LM head) counts once."""
+    scales under "int8", q4 codes with their scales and mins under "int4"); a tensor shared by
+    two modules (a tied LM head) counts once."""
     out: Counter[str] = Counter()
     seen: set[int] = set()
     for p in model.parameters():
@@ -57,4 +85,6 @@ def weight_bytes(model: nn.Module) -> dict[str, int]:
     for mod in model.modules():
         if isinstance(mod, LinearBase) and mod.q8 is not None:
             out["int8"] += mod.q8.nbytes
+        if isinstance(mod, LinearBase) and mod.q4 is not None:
+            out["int4"] += mod.q4.nbytes
     return dict(out)

@@ -32,7 +32,7 @@ FALLBACK_REASONS = ("no_bucket", "mixed_width", "replay_error")
 FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.ERROR)
 STEP_PHASES = ("decode", "extend", "mixed")
 KV_GROUP_KINDS = ("full", "sliding")  # EngineStats.kv_pages_*_by_kind's keys
-WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")  # weight_bytes_by_dtype's keys
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # weight_bytes_by_dtype's keys
 # What happens to a session state bundle, and why one is refused: the bundle's own checks
 # (truncated, checksum, version, format), a layout that is not this engine's (fingerprint,
 # dtype, tp_size, page_size), tensors that do not fit (shape), no free slot or pages (no_room),

@@ -21,7 +21,7 @@ from shortconv.layers.linear_binding import (
 from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
 from shortconv.layers.linear_float import FLOAT
 from shortconv.layers.linear_method import LinearMethod
-from shortconv.layers.quantize import Q8Linear
+from shortconv.layers.quantize import Q4Linear, Q8Linear
 from shortconv.layers.vocab import LMHead
 from shortconv.models.build import build_model
 from shortconv.models.registry import model_class
@@ -50,7 +50,7 @@ KINDS = {
     "lfm2_vl": LFM2,  # the language model's; the vision tower has its own layers
     "lfm3_vl": LFM3,
 }
-VISION = {"lfm2_vl", "lfm3_vl"}  # int8 is refused for them at start-up (configs.support)
+VISION = {"lfm2_vl", "lfm3_vl"}  # int8/int4 are refused for them at start-up (configs.support)
 
 CPU_GEMM = CpuGemmLinear(FLOAT)  # tiny weights are below oneDNN's size floors
 POLICIES: dict[str, tuple[LinearPolicy, LinearMethod, LinearMethod]] = {
@@ -58,6 +58,7 @@ POLICIES: dict[str, tuple[LinearPolicy, LinearMethod, LinearMethod]] = {
     "fp32": (LinearPolicy(cpu_gemm=True), CPU_GEMM, CPU_GEMM),
     "fp32-torch": (TORCH_LINEARS, FLOAT, FLOAT),
     "int8": (LinearPolicy("int8", cpu_gemm=True), Q8Linear(), CPU_GEMM),
+    "int4": (LinearPolicy("int4", cpu_gemm=True), Q4Linear(), CPU_GEMM),
     "int8+head": (
         LinearPolicy("int8", quantize_lm_head=True, cpu_gemm=True),
         Q8Linear(),
@@ -90,8 +91,8 @@ def _kinds(model: nn.Module) -> dict[tuple[str, str], list[LinearBase]]:
 def test_each_layer_kind_is_bound_to_its_method(
     configs: dict[str, ModelConfig], arch: str, policy_name: str
 ) -> None:
-    if arch in VISION and policy_name.startswith("int8"):
-        pytest.skip("int8 is refused for vision models at start-up")
+    if arch in VISION and policy_name.startswith("int"):
+        pytest.skip("int8 and int4 are refused for vision models at start-up")
     policy, projection, head = POLICIES[policy_name]
     cfg = configs[arch]
     model = build_model(model_class(cfg.arch), cfg, SINGLE, "cpu", torch.float32, policy)

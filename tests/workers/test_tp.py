@@ -337,15 +337,17 @@ def test_tp_prefix_cache_hits_equal_uncached_tp1(group: Group) -> None:
     assert engine.stats().slots_used == 0 and engine.stats().kv_pages_used == 0
 
 
-def test_tp_int8_equals_tp1_int8(group: Group) -> None:
-    """quantization="int8" at TP 2: each rank quantizes its own shard in blocks of 32 that never
-    straddle two ranks, so the ranks hold TP 1's integers and scales split, and decode TP 1's
-    int8 tokens. Logprobs agree to 1e-3 rather than fp32's 1e-4 (measured 1.6e-4): TP's own
-    fp32 summation-order differences in the activations move an occasional value across an
-    int16 rounding boundary (1/32767 of its block's largest magnitude)."""
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_tp_quantized_equals_tp1_quantized(group: Group, method: str) -> None:
+    """quantization="int8"/"int4" at TP 2: each rank quantizes its own shard in blocks of 32
+    that never straddle two ranks, so the ranks hold TP 1's integers and scales (and q4's mins)
+    split, and decode TP 1's quantized tokens. Logprobs agree to 1e-3 rather than fp32's 1e-4
+    (int8 measured 1.6e-4): TP's own fp32 summation-order differences in the activations move
+    an occasional value across an int16 rounding boundary (1/32767 of its block's largest
+    magnitude)."""
     if group.arch != "lfm2":
         pytest.skip("checked on LFM2: quantization is per layer kind, not per architecture")
-    spec = replace(group.spec, engine_cfg=replace(engine_config(), quantization="int8"))
+    spec = replace(group.spec, engine_cfg=replace(engine_config(), quantization=method))
     tp1, tp2 = LocalExecutor(spec), RayExecutor(spec, 2, num_cpus_per_worker=WORKER_CPUS)
     try:
         ref = drive(LLMEngine(spec, tp1), {0: PROMPTS})
@@ -353,7 +355,7 @@ def test_tp_int8_equals_tp1_int8(group: Group) -> None:
         assert sorted(got) == sorted(ref)
         for rid in ref:
             assert_same_greedy(got[rid], ref[rid], tol=1e-3)
-        assert "int8" in tp1.runner.weight_bytes and "int8" in tp2.weight_bytes()
+        assert method in tp1.runner.weight_bytes and method in tp2.weight_bytes()
     finally:
         tp2.shutdown()
         tp1.shutdown()

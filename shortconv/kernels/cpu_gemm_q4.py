@@ -1,0 +1,87 @@
+"""The q4 weight format and its CPU linear (`gemm_q4` in cpu_gemm_q4.inc, built and loaded with
+the other CPU kernels by kernels.cpu_gemm.load), with `gemm_q4_ref`, its float64 oracle.
+
+q4: 4-bit codes c in 0..15 with an fp32 scale and an fp32 min per 32 consecutive weights of a
+row, w ~= c * scale + min. The min (llama.cpp's Q4_1 and Q4_K keep one too; Q4_K_M, the quality
+anchor, is scale + min per 32 weights under 6-bit super-block scales) lets a block whose values
+are not centred on zero use all 16 levels, where a symmetric code wastes one and rounds the
+short side of the block as coarsely as the long one. Here the scale and min are fp32 (6 bits a
+weight with the codes; Q4_K_M's Q4_K stores 4.5), and each block maps its own [min, max] onto
+0..15 (Q4_K searches a slightly better pair; this is its plain starting point).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shortconv.kernels.cpu_gemm import Q8_BLOCK, quantize_x16
+
+Q4_BLOCK = Q8_BLOCK  # weights per scale and min
+LEVELS = 15  # codes 0..15
+
+
+@dataclass(frozen=True)
+class Q4Weight:
+    """A linear weight [out, in] as 4-bit codes, two a byte (`q` uint8 [out, in / 2]: in each
+    block of 32, byte j holds weight j low and weight j + 16 high), `scale` and `min` fp32
+    [out, in / 32]. The only copy a q4 layer keeps."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    min: torch.Tensor
+
+    @property
+    def out_features(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.q.shape[1] * 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + (self.scale.numel() + self.min.numel()) * 4
+
+    def codes(self) -> torch.Tensor:
+        """The codes as int64 [out, in / 32, 32], in weight order."""
+        blocks = self.q.view(self.out_features, -1, Q4_BLOCK // 2).to(torch.int64)
+        return torch.cat([blocks & 0x0F, blocks >> 4], dim=-1)
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight [out, in] the codes stand for."""
+        w = self.codes().float() * self.scale.unsqueeze(-1) + self.min.unsqueeze(-1)
+        return w.view(self.out_features, self.in_features)
+
+
+def quantize_q4(weight: torch.Tensor) -> Q4Weight:
+    """Map each block of 32 weights of a row onto 0..15 between its smallest and largest value
+    (in divisible by 32). An all-equal block gets scale 0 and its value as min."""
+    rows, cols = weight.shape
+    if cols % Q4_BLOCK:
+        raise ValueError(f"q4 needs in_features divisible by {Q4_BLOCK}, got {cols}")
+    blocks = weight.detach().float().reshape(rows, cols // Q4_BLOCK, Q4_BLOCK)
+    lo, hi = blocks.amin(dim=-1), blocks.amax(dim=-1)
+    scale = (hi - lo) / LEVELS
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = torch.round((blocks - lo.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp(0, LEVELS)
+    codes = codes.to(torch.uint8)
+    packed = codes[..., : Q4_BLOCK // 2] | (codes[..., Q4_BLOCK // 2 :] << 4)
+    packed = packed.reshape(rows, cols // 2).contiguous()
+    return Q4Weight(packed, scale.contiguous(), lo.contiguous())
+
+
+def gemm_q4_ref(x: torch.Tensor, qw: Q4Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's integers summed exactly (int64), then the scales and mins in float64:
+    y = sum_b xs (scale * sum(xq c) + min * sum(xq))."""
+    xq, xs = quantize_x16(x)  # [M, B, 32], [M, B]
+    sums = torch.einsum("mbk,nbk->mnb", xq, qw.codes()).double()  # exact: |sum| < 2^24
+    xsum = xq.sum(-1).double().unsqueeze(1)  # [M, 1, B]
+    per_block = sums * qw.scale.double().unsqueeze(0) + xsum * qw.min.double().unsqueeze(0)
+    y = (per_block * xs.double().unsqueeze(1)).sum(-1)
+    return (y + bias.double() if bias is not None else y).float()
+
+
+def gemm_q4(x: torch.Tensor, qw: Q4Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.shortconv_cpu.gemm_q4(x, qw.q, qw.scale, qw.min, bias)

@@ -91,13 +91,12 @@ class ModelRunner:
         )
         self.startup_s["state_pool"] = time.perf_counter() - t0
         self.graphs: GraphRunner | None = None
-        # NOTE: no captured graphs with LoRA yet (the adapter rows are no static buffer).
-        if engine_cfg.graphs_enabled(device) and self.lora is None:
+        if engine_cfg.graphs_enabled(device):
             t0 = time.perf_counter()
             # NOTE: the engine's KV-capped limit, not the model's: no bucket beyond what a
             # sequence can reach.
             self.graphs = GraphRunner(
-                self.model, self.backend, engine_cfg, spec.max_model_len, tp.size
+                self.model, self.backend, engine_cfg, spec.max_model_len, tp.size, self.lora
             )
             self.graphs.capture()
             self.startup_s["graphs"] = time.perf_counter() - t0

@@ -205,7 +205,9 @@ def _lora_batch(spec: WorkerSpec, cls: type) -> LoraBatch | None:
     cfg = spec.engine_cfg
     if not cfg.enable_lora:
         return None
-    if not hasattr(cls, "hf_to_ours") or spec.model_cfg.arch.endswith("_vl"):
+    # NOTE: a vision model's encoder and projector are plain nn.Linear, never LoRA layers:
+    # only its language model (LinearBase projections) is adaptable.
+    if not hasattr(cls, "hf_to_ours"):
         raise ConfigError(f"enable_lora: {spec.model_cfg.arch} is not supported yet")
     return LoraBatch(cfg.max_loras, cfg.max_lora_rank)
 

@@ -14,7 +14,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from lora_adapters import make_adapter  # noqa: E402
-from lora_runs import adapter_dirs, check_mixed_batch, make_oracles  # noqa: E402
+from lora_runs import GREEDY, adapter_dirs, check_mixed_batch, make_oracles  # noqa: E402
 from ray_env import private_ray  # noqa: E402
 
 from shortconv.configs.config import EngineConfig  # noqa: E402
@@ -67,3 +67,15 @@ def test_tp2_refuses_an_adapter_for_another_base_and_keeps_serving(tp2: tuple) -
         engine.load_lora("other", str(other))
     assert "other" not in engine.lora_names()
     check_mixed_batch(engine, oracles, f"{arch} tp_size=2 after a refusal")
+
+
+def test_tp2_unload_then_reload_on_every_rank(tp2: tuple) -> None:
+    """Unloading clears the slot on every rank and forgets the name; loading it again writes
+    every rank's shard afresh, and the mixed batch still matches PEFT."""
+    arch, engine, oracles, root = tp2
+    engine.unload_lora("a2")
+    assert "a2" not in engine.lora_names()
+    with pytest.raises(LoraError, match="unknown LoRA adapter"):
+        engine.add_request([5, 6], GREEDY, lora_name="a2")
+    engine.load_lora("a2", str(root / "a2"))
+    check_mixed_batch(engine, oracles, f"{arch} tp_size=2 after unload and reload")

@@ -54,11 +54,18 @@ def make_adapter(
         lora_dropout=0.0,
         use_rslora=use_rslora,
     )
-    model = get_peft_model(base, cfg)
+    return save_random_adapter(get_peft_model(base, cfg), out_dir, seed, std)
+
+
+def save_random_adapter(
+    model: torch.nn.Module, out_dir: Path, seed: int, std: float = 0.3
+) -> torch.nn.Module:
+    """Re-randomise a PEFT model's A and B (from `seed`), save the adapter to `out_dir`;
+    returns the model in eval mode."""
     gen = torch.Generator().manual_seed(1000 + seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
-    model.save_pretrained(str(out_dir))
+    model.save_pretrained(str(out_dir))  # type: ignore[operator]
     return model.eval()

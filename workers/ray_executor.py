@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -23,6 +23,7 @@ from shortconv.engine.step_delta import StepDelta
 from shortconv.errors import ConfigError
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.worker_spec import WorkerSpec
+from shortconv.lora.adapter import LoraAdapter, LoraError
 from shortconv.models.registry import model_class
 from workers.cpu_threads import reserved_cpus
 from workers.ray_runtime import acquire_runtime, release_runtime
@@ -194,6 +195,24 @@ class RayExecutor(BaseExecutor):
             self._fail(f"TP rank 0 returned no result for step {plan.step_id}")
             raise ExecutorError(self._error or "")
         return result
+
+    def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        """Every rank writes its own shard of `adapter` into `slot` (`lora.install`), between
+        steps: the engine calls this from its step loop, never during one.
+
+        NOTE: the adapter goes to the object store once and every rank slices what it holds;
+        a refusal (the same on every rank: the checks see each rank's shard shapes) comes
+        back as the rank's LoraError, not Ray's wrapper."""
+        ref = ray.put(adapter)
+        try:
+            self.call_workers("load_lora", slot, ref)
+        except RayTaskError as exc:
+            if isinstance(exc.cause, LoraError):
+                raise LoraError(str(exc.cause)) from None
+            raise
+
+    def unload_lora(self, slot: int) -> None:
+        self.call_workers("unload_lora", slot)
 
     def check_health(self) -> None:
         """Raise ExecutorError when a rank is dead. A rank busy with a long step is not

@@ -17,6 +17,7 @@ from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.persistent_batch import PersistentBatch
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import WorkerSpec
+from shortconv.lora.adapter import LoraAdapter
 from workers.cpu_threads import follow_reservation
 from workers.dist_init import destroy_distributed, free_port, init_distributed, local_device
 from workers.startup import PhaseClock
@@ -60,6 +61,14 @@ class TPWorker:
         out = runner.execute(plan)
         self._timings.append((plan.step_id, time.perf_counter() - t0))
         return out
+
+    def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        """Write this rank's shard of `adapter` into LoRA slot `slot` (LoraError, the slot
+        cleared or untouched, where it does not fit)."""
+        self._ready().load_lora(slot, adapter)
+
+    def unload_lora(self, slot: int) -> None:
+        self._ready().unload_lora(slot)
 
     def _ready(self) -> ModelRunner:
         if self.runner is None:

@@ -231,8 +231,6 @@ class EngineConfig:
                 raise ConfigError(f"{f.name} must be > {bounds['gt']}, got {value}")
         if self.lora_modules and not self.enable_lora:
             raise ConfigError("lora_modules needs enable_lora=True")
-        if self.enable_lora and self.enable_graphs:
-            raise ConfigError("enable_lora with enable_graphs is not supported yet (docs/lora.md)")
         interval = self.prefix_checkpoint_interval
         if interval % self.kv_page_size:
             raise ConfigError(

@@ -3,9 +3,9 @@
 Stream layout (int64 each; `[n, ...]` is a length then its values):
   step_id, [dropped handles], num_rows, rows..., [copies_after flat], [copies_before flat],
   [page_copies flat], [encoder_frees], num_encoder_inputs
-  row: handle, flags, start_pos, [token_ids], (slot), (num_groups, per group: zeros, keep,
-       [tail]), [checkpoints flat], (sampling: num_draft, then each row's sample), num_forks,
-       per fork: handle, sample
+  row: handle, flags, start_pos, [token_ids], (slot), (lora_slot), (num_groups, per group:
+       zeros, keep, [tail]), [checkpoints flat], (sampling: num_draft, then each row's
+       sample), num_forks, per fork: handle, sample
   sample: flags, step, (seed), prompt edit (zeros, keep, [tail]), output edit, [banned]
 A handle not seen before takes the next id of `new_ids`; objects follow the stream's order.
 """
@@ -68,11 +68,14 @@ class StepDeltaEncoder:
             | (RowFlag.TABLES if tables != state.tables else 0)
             | (RowFlag.SAMPLING if chunk.sampling is not None else 0)
             | (RowFlag.IMAGES if chunk.images else 0)
+            | (RowFlag.LORA if chunk.lora_slot != state.lora_slot else 0)
         )
         ints.put(flags, chunk.start_pos)
         ints.put_seq(chunk.token_ids)
         if flags & RowFlag.SLOT:
             ints.put(chunk.slot)
+        if flags & RowFlag.LORA:
+            ints.put(chunk.lora_slot)
         if flags & RowFlag.TABLES:
             ints.put(len(tables))
             for g, new in enumerate(tables):
@@ -87,7 +90,7 @@ class StepDeltaEncoder:
         ints.put(len(chunk.fork_rows))
         for fork_id, row in chunk.fork_rows:
             _put_sample(self._state(fork_id, msg).sample, row, msg)
-        state.slot, state.tables = chunk.slot, tables
+        state.slot, state.tables, state.lora_slot = chunk.slot, tables, chunk.lora_slot
 
 
 class _Message:

@@ -49,6 +49,10 @@ class BaseExecutor(ABC):
         fit the model)."""
         raise ConfigError(f"{type(self).__name__} does not load LoRA adapters yet")
 
+    def unload_lora(self, slot: int) -> None:
+        """Empty LoRA slot `slot` on every rank."""
+        raise ConfigError(f"{type(self).__name__} does not load LoRA adapters yet")
+
     def state_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         """Per rank: the shapes of its state tensors (tests assert each rank holds a shard)."""
         return []

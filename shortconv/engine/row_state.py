@@ -24,10 +24,12 @@ class SampleRef:
 
 @dataclass(slots=True)
 class RowState:
-    """One request's slot and block tables (one per KV group) as of its latest chunk."""
+    """One request's slot, block tables (one per KV group) and LoRA adapter slot (-1: none)
+    as of its latest chunk."""
 
     handle: int  # the request's number in step messages (never reused)
     request_id: str
     slot: int = -1
     tables: tuple[tuple[int, ...], ...] = ()
+    lora_slot: int = -1
     sample: SampleRef = field(default_factory=SampleRef)

@@ -27,6 +27,7 @@ class RowFlag:
     TABLES = 2  # some block table changed (pages appended, released behind a window, cut)
     SAMPLING = 4  # the row samples its own token(s)
     IMAGES = 8  # image slices for this chunk (one object)
+    LORA = 16  # the row's LoRA adapter slot changed (a request's first row with an adapter)
 
 
 class SampleFlag:

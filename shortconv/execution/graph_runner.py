@@ -66,6 +66,7 @@ from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
 from shortconv.execution.step_inputs import DecodeShape
 from shortconv.kernels.dispatch import attention_context_buckets, resolve_backend
+from shortconv.lora.batch import LoraBatch
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,10 @@ class GraphRunner:
         engine_cfg: EngineConfig,
         max_model_len: int,
         tp_size: int = 1,
+        lora: LoraBatch | None = None,
     ) -> None:
         self.model, self.backend, self.pool = model, backend, backend.pool
+        self.lora = lora
         self.device = backend.device
         self.tp_size = tp_size
         self.use_cuda_graphs = self.device.type == "cuda"
@@ -122,11 +125,14 @@ class GraphRunner:
         self.verify_width = engine_cfg.num_speculative_tokens + 1
         # Room for every bucket and every eager step before anything is captured.
         b = self.batch_sizes[-1]
+        max_tokens = max(engine_cfg.max_num_batched_tokens, b * self.verify_width)
         self.inputs.reserve(
-            max(engine_cfg.max_num_batched_tokens, b * self.verify_width),
+            max_tokens,
             max(engine_cfg.max_num_seqs, b),
             max(max_model_len, self.context_sizes[-1]),
         )
+        if lora is not None:  # each token row's adapter slot, read in place by every replay
+            lora.reserve(max_tokens, self.device)
         # NOTE: modules that sync the host on their default path (FusedExperts) expose a
         # `capture_safe` flag; it is on only while a captured step is recorded or run.
         self._capture_safe = [m for m in model.modules() if hasattr(m, "capture_safe")]
@@ -259,11 +265,15 @@ class GraphRunner:
         """Switch the model's capture-safe paths on (tests use it for same-path references)."""
         for m in self._capture_safe:
             m.capture_safe = True
+        if self.lora is not None:
+            self.lora.graphed = True
         try:
             yield
         finally:
             for m in self._capture_safe:
                 m.capture_safe = False
+            if self.lora is not None:
+                self.lora.graphed = False
 
     def _snapshot(self, shape: DecodeShape) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # Pad rows repeat slot 0; their copies are taken at one instant, so restoring them all

@@ -54,6 +54,9 @@ class LocalExecutor(BaseExecutor):
     def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
         self._runner().load_lora(slot, adapter)
 
+    def unload_lora(self, slot: int) -> None:
+        self._runner().unload_lora(slot)
+
     def read_state(self, slot: int, pages: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         return gather_state(self._runner().pool, slot, pages)
 

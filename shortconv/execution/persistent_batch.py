@@ -69,6 +69,8 @@ class PersistentBatch:
         token_ids = ints.get_seq()
         if flags & RowFlag.SLOT:
             state.slot = ints.get()
+        if flags & RowFlag.LORA:
+            state.lora_slot = ints.get()
         if flags & RowFlag.TABLES:
             old = state.tables
             state.tables = tuple(
@@ -95,6 +97,7 @@ class PersistentBatch:
             images=images,
             fork_rows=tuple(forks),
             draft_rows=tuple(rows[:-1]),
+            lora_slot=state.lora_slot,
         )
 
 

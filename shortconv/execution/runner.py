@@ -29,7 +29,7 @@ from shortconv.layers.linear_binding import (
 from shortconv.layers.quantize import weight_bytes
 from shortconv.lora.adapter import LoraAdapter
 from shortconv.lora.batch import LoraBatch
-from shortconv.lora.install import install_adapter
+from shortconv.lora.install import clear_slot, install_adapter
 from shortconv.models.build import build_model
 from shortconv.models.loader import iter_checkpoint
 from shortconv.models.registry import model_class
@@ -49,7 +49,7 @@ class ModelRunner:
         check_support(model_cfg, device, tp.size, engine_cfg.quantization)
         self.cfg, self.tp, self.device, self.dtype = model_cfg, tp, device, dtype
         cls = model_class(model_cfg.arch)
-        self.lora = _lora_batch(spec, tp, cls)
+        self.lora = _lora_batch(spec, cls)
         linears = self._linear_policy(spec)
         t0 = time.perf_counter()
         model = build_model(cls, model_cfg, tp, device, dtype, linears)
@@ -91,13 +91,12 @@ class ModelRunner:
         )
         self.startup_s["state_pool"] = time.perf_counter() - t0
         self.graphs: GraphRunner | None = None
-        # NOTE: no captured graphs with LoRA yet (the adapter rows are no static buffer).
-        if engine_cfg.graphs_enabled(device) and self.lora is None:
+        if engine_cfg.graphs_enabled(device):
             t0 = time.perf_counter()
             # NOTE: the engine's KV-capped limit, not the model's: no bucket beyond what a
             # sequence can reach.
             self.graphs = GraphRunner(
-                self.model, self.backend, engine_cfg, spec.max_model_len, tp.size
+                self.model, self.backend, engine_cfg, spec.max_model_len, tp.size, self.lora
             )
             self.graphs.capture()
             self.startup_s["graphs"] = time.perf_counter() - t0
@@ -172,6 +171,11 @@ class ModelRunner:
         renames = self.model.hf_to_ours()  # type: ignore[operator]
         install_adapter(self.model, renames, slot, adapter, self.tp)
 
+    def unload_lora(self, slot: int) -> None:
+        """Empty LoRA slot `slot` in every layer (an unloaded adapter leaves nothing behind)."""
+        assert self.lora is not None, "unload_lora needs enable_lora"
+        clear_slot(self.model, slot)
+
     def _forward(self, plan: StepPlan, step: StepTensors) -> torch.Tensor:
         """NOTE: the one place a step's input stops being token ids only: a plan with images
         encodes its new ones and replaces their placeholders' embeddings before layer 0."""
@@ -196,14 +200,14 @@ class ModelRunner:
         return shapes
 
 
-def _lora_batch(spec: WorkerSpec, tp: ParallelContext, cls: type) -> LoraBatch | None:
+def _lora_batch(spec: WorkerSpec, cls: type) -> LoraBatch | None:
     """The model's LoRA rows where LoRA is enabled; what it does not cover yet is refused."""
     cfg = spec.engine_cfg
     if not cfg.enable_lora:
         return None
-    if tp.size > 1:
-        raise ConfigError("enable_lora needs tp_size=1 for now (docs/lora.md)")
-    if not hasattr(cls, "hf_to_ours") or spec.model_cfg.arch.endswith("_vl"):
+    # NOTE: a vision model's encoder and projector are plain nn.Linear, never LoRA layers:
+    # only its language model (LinearBase projections) is adaptable.
+    if not hasattr(cls, "hf_to_ours"):
         raise ConfigError(f"enable_lora: {spec.model_cfg.arch} is not supported yet")
     return LoraBatch(cfg.max_loras, cfg.max_lora_rank)
 

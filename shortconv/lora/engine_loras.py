@@ -49,6 +49,8 @@ class EngineLoras:
         if slot is not None and slot in self.busy_slots():
             raise LoraError(f"LoRA adapter {name!r} serves live requests; unload it after them")
         self.slots.unregister(name)
+        if slot is not None:
+            self.executor.unload_lora(slot)
 
     def bind(self, req: Request, name: str) -> None:
         """Point `req` at `name`'s slot (written back first if it was evicted)."""

@@ -12,6 +12,7 @@ from torch import nn
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.linear import LinearBase
 from shortconv.layers.linear_binding import linear_layers
+from shortconv.layers.linear_float import FLOAT
 from shortconv.layers.shard import rank_block
 from shortconv.lora.adapter import LoraAdapter, LoraError
 from shortconv.lora.linear import LoRALinear, LoraSlots
@@ -31,19 +32,34 @@ def install_adapter(
     adapter: LoraAdapter,
     tp: ParallelContext,
 ) -> None:
-    """Put `adapter` (B pre-scaled) into `slot`; LoraError naming the module otherwise."""
+    """Put `adapter` (B pre-scaled) into `slot`; LoraError naming the module otherwise.
+
+    NOTE: a module whose layer holds an empty shard on this rank (ZAYA1's delayed values on
+    the rank with no previous-token head) has nothing to adapt here; its other ranks check it."""
     layers = lora_layers(model)
-    placed = {name: _placed(name, renames, layers, adapter, tp) for name in adapter.weights}
+    # NOTE: by method, not by weight alone: a q8 layer's float weight is empty after load too.
+    empty = {n for n, m in linear_layers(model) if m.method is FLOAT and not m.weight.numel()}
+    placed = [
+        _placed(name, renames, layers, adapter, tp)
+        for name in adapter.weights
+        if _ours(name, renames) not in empty
+    ]
+    clear_slot(model, slot)
     with torch.no_grad():
-        for layer in layers.values():
-            _slots(layer).ranks[slot] = 0
-            _slots(layer).a[slot].zero_()
-            _slots(layer).b[slot].zero_()
-        for layer, (a, b) in placed.values():
+        for layer, (a, b) in placed:
             slots, r = _slots(layer), a.shape[0]
             slots.a[slot, :r].copy_(a)
             slots.b[slot, :, :r].copy_(b * adapter.scale)
             slots.ranks[slot] = r
+
+
+def clear_slot(model: nn.Module, slot: int) -> None:
+    """Empty `slot` in every LoRA layer: rank 0, A and B zero."""
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            _slots(layer).ranks[slot] = 0
+            _slots(layer).a[slot].zero_()
+            _slots(layer).b[slot].zero_()
 
 
 def _slots(layer: LinearBase) -> LoraSlots:
@@ -59,8 +75,7 @@ def _placed(
     tp: ParallelContext,
 ) -> tuple[LinearBase, _Pair]:
     """The layer `hf_module` adapts and this rank's (A, B) for it, checked."""
-    ours = _rename(f"{hf_module}.weight", renames).removesuffix(".weight")
-    layer = layers.get(ours)
+    layer = layers.get(_ours(hf_module, renames))
     if layer is None:
         raise LoraError(
             f"{adapter.path}: target module {hf_module!r} is not a projection this engine "
@@ -92,6 +107,11 @@ def _shard(layer: LinearBase, a: torch.Tensor, b: torch.Tensor, tp: ParallelCont
     if dim == 1:
         return rank_block(layer.weight, a, tp), b
     return a, b
+
+
+def _ours(hf_module: str, renames: dict[str, str]) -> str:
+    """Our qualified module name for a checkpoint's module name."""
+    return _rename(f"{hf_module}.weight", renames).removesuffix(".weight")
 
 
 def _rename(name: str, renames: dict[str, str]) -> str:

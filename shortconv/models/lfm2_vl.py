@@ -46,7 +46,13 @@ class Lfm2VlForConditionalGeneration(VisionLanguageModel):
         return self.multi_modal_projector(self.vision_tower(pixels, shapes), shapes)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        WeightLoader(self, self.tp, _PREFIXES | _LAYER_RENAMES).load(self._used(weights))
+        WeightLoader(self, self.tp, self.hf_to_ours()).load(self._used(weights))
+
+    @staticmethod
+    def hf_to_ours() -> dict[str, str]:
+        """Rename rules: HF checkpoint name fragment → ours (LoRA adapters' module names go
+        through them too: the language model's projections are adaptable)."""
+        return _PREFIXES | _LAYER_RENAMES
 
     def _used(
         self, weights: Iterable[tuple[str, torch.Tensor]]

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("bench/decode_step.py", "SUMMARY decode"),
         ("bench/kernels.py", "SUMMARY kernels"),
         ("bench/spec_decode.py", "SUMMARY spec_decode"),
+        ("bench/lora.py", "SUMMARY lora int8"),
     ],
 )
 def test_bench_quick(script: str, marker: str) -> None:

@@ -3,7 +3,8 @@ batch rebuilds exactly the plan the driver made, at every step.
 
 The schedules mix chunked prefill, decodes, preemption (a small page pool), aborts, forks
 (n > 1), n-gram verify rows whose rejected proposals swap slot ids, prefix-cache hits and
-session resumes, a sliding-window KV group releasing pages, penalty history and grammar masks.
+session resumes, a sliding-window KV group releasing pages, penalty history, grammar masks and
+rows' LoRA adapter slots.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class Seen:
                     ("checkpoint", c.checkpoints),
                     ("mask", c.sampling is not None and c.sampling.token_mask),
                     ("history", c.sampling is not None and c.sampling.output_token_ids),
+                    ("lora", c.lora_slot >= 0),
                 )
                 if on
             )
@@ -141,6 +143,7 @@ def run_schedule(seed: int, encoder: StepDeltaEncoder, seen: Seen) -> None:
             session = f"s{rng.randrange(3)}" if rng.random() < 0.3 else None
             req = Request(f"r{next_id}", prompt(rng), params(rng), seed=rng.randrange(1 << 40))
             req.session_id = session
+            req.lora_slot = rng.choice([-1, -1, 0, 1, 2])  # as EngineLoras.bind sets it
             s.add(req)
             made.append(req)
             next_id += 1
@@ -181,6 +184,7 @@ def test_every_rank_rebuilds_the_drivers_plan_at_every_step() -> None:
         "history",
         "prefix hit",
         "preemption",
+        "lora",
     }, seen.kinds
 
 

@@ -54,13 +54,18 @@ class LocalExecutor(BaseExecutor):
     def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
         self._runner().load_lora(slot, adapter)
 
-    def read_state(self, slot: int, pages: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
-        return gather_state(self._runner().pool, slot, pages)
+    def read_state(
+        self, slots: Sequence[int], pages: Sequence[Sequence[int]]
+    ) -> dict[str, torch.Tensor]:
+        return gather_state(self._runner().pool, slots, pages)
 
     def write_state(
-        self, slot: int, pages: Sequence[Sequence[int]], tensors: Mapping[str, torch.Tensor]
+        self,
+        slots: Sequence[int],
+        pages: Sequence[Sequence[int]],
+        tensors: Mapping[str, torch.Tensor],
     ) -> None:
-        scatter_state(self._runner().pool, slot, pages, tensors)
+        scatter_state(self._runner().pool, slots, pages, tensors)
 
     def _runner(self) -> ModelRunner:
         if self.runner is None:

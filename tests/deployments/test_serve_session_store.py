@@ -94,10 +94,8 @@ def test_turn_one_equals_the_oracle(runs: dict[str, Any]) -> None:
 
 
 # NOTE: an app's session pins two checkpoints (turn 1's prompt end and its last token), and
-# the next chat turn, re-rendered by the template, often resumes from the prompt end; a
-# bundle carries only the deepest one (docs/session_store.md, "Not yet"), so the restored
-# session matches nothing and re-prefills. Strict: this fails loudly once bundles carry both.
-@pytest.mark.xfail(strict=True, reason="a bundle carries only the deepest checkpoint")
+# the next chat turn, re-rendered by the template, often resumes from the prompt end: the
+# bundle carries both, so the restored session resumes as the never-restarted app does.
 @pytest.mark.parametrize("sid", [s for s in SESSIONS if s != CORRUPT])
 def test_restored_session_resumes_its_history_with_equal_text(
     runs: dict[str, Any], sid: str

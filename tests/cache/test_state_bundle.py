@@ -160,7 +160,7 @@ def test_moved_session_equals_one_engine_and_recompute(ckpt):
 
 
 def test_bundle_carries_every_pinned_checkpoint_with_shared_pages_once(ckpt):
-    _, _, bundle = first_turn(ckpt)
+    a, _, bundle = first_turn(ckpt)
     b = decode(bundle)
     deepest = len(P1) + G.max_tokens - 1  # the last sampled token was never fed back
     assert [c.num_tokens for c in b.checkpoints] == [len(P1), deepest]
@@ -169,7 +169,9 @@ def test_bundle_carries_every_pinned_checkpoint_with_shared_pages_once(ckpt):
     assert prompt_end.pages[0] == last.pages[0][: len(prompt_end.pages[0])]  # stored once
     assert b.tensors["kv0.k"].shape[1] == len(last.pages[0]) * 4
     kinds = {name: t for name, t in b.tensors.items() if not name.startswith("kv")}
-    assert kinds and all(t.shape[1] == 2 for t in kinds.values())  # one slot per checkpoint
+    # every state kind travels (ZAYA1: its CCA conv state and its previous-token state)
+    assert set(kinds) == set(a.executor.runner.pool.states)
+    assert all(t.shape[1] == 2 for t in kinds.values())  # one slot per checkpoint
 
 
 @pytest.mark.parametrize("keep", [0, 2])

@@ -7,7 +7,8 @@ stops the replica gracefully: ongoing requests finish, then its `__del__` shuts 
 and every held session spills to the store). Each session's turn 2 then goes to the survivor:
 its own sessions resume from memory, the drained replica's from the store (the router's sticky
 owner is gone, so the survivor imports the file on the miss). The oracle for the text is the
-same turn-2 prompt without a session (a full prefill, asked last so it cannot warm the cache):
+same turn-2 prompt without a session (a full prefill: prefix caching is off, so it cannot
+resume from a moved checkpoint):
 equal text and per-token logprobs. Six more sessions send token ids (`PROBES`) whose turn 2
 extends turn 1's prompt by three tokens: they resume exactly the moved prompt end, and a short
 suffix lets a wrong conv window show in the logprobs. Every turn 2 resumes at least turn 1's
@@ -110,8 +111,16 @@ def drained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 def _run(store: Path, target: Path) -> dict[str, Any]:
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # NOTE: prefix caching off: the session-less oracle must be a full prefill; with it on,
+    # the oracle would resume from the moved checkpoint itself and share any wrong state.
     args = parse_args(
-        {"tiny_arch": "lfm2", "max_num_seqs": 8, "session_store": {"path": str(store)}}
+        {
+            "tiny_arch": "lfm2",
+            "max_num_seqs": 8,
+            "num_state_slots": 64,  # 12 sessions x 2 checkpoints fit on the survivor
+            "enable_prefix_caching": False,
+            "session_store": {"path": str(store)},
+        }
     )
     policy = {"policy_function": ForcedTarget, "policy_kwargs": {"path": str(target)}}
     scaling = {"min_replicas": 1, "max_replicas": 2, "initial_replicas": 2}

@@ -1,15 +1,22 @@
 """A session's kept state as one value: a versioned, checksummed byte bundle (pure encode/decode).
 
 Layout: `MAGIC`, a little-endian u32 format version, a u32 header length, the header (UTF-8
-JSON: the model fingerprint, dtype, TP layout, the key token ids the state covers, and one
-record per tensor: name, dtype, shape, byte length), the tensors' raw bytes in header order,
-and a SHA-256 over everything before it. The checksum is checked before anything else is read,
-so a flipped byte or a truncated file is refused as a whole, never half-parsed.
+JSON: the model fingerprint, dtype, TP layout, the key token ids the state covers, one record
+per checkpoint and one per tensor: name, dtype, shape, byte length), the tensors' raw bytes in
+header order, and a SHA-256 over everything before it. The checksum is checked before anything
+else is read, so a flipped byte or a truncated file is refused as a whole, never half-parsed.
 
-Tensor names: a state kind's name (`conv`, ZAYA1's `prev_hs`, ...) is `[n_layers, *shape]` of
-the one checkpoint slot; `kv{g}.k` / `kv{g}.v` are KV group g's pages, `[n_layers, n_pages *
-page_size, Hk, d]`, covering the logical pages `first_page[g]` .. (group 0 from page 0; a
-sliding group only its window before the end: `window_pages.window_span`).
+A bundle holds every checkpoint a session pins (a chat turn pins two: its prompt's end and its
+last token), each covering a prefix of `token_ids`. Why all of them: the next chat turn,
+re-rendered by the template, often diverges inside the previous answer and can only resume
+from the prompt's end. They share KV pages, so pages are stored once and each checkpoint lists
+the ones it reads.
+
+Tensor names: a state kind's name (`conv`, ZAYA1's `prev_hs`, ...) is `[n_layers,
+n_checkpoints, *shape]`, one slot per checkpoint in header order; `kv{g}.k` / `kv{g}.v` are KV
+group g's distinct pages, `[n_layers, n_pages * page_size, Hk, d]`. Checkpoint c reads logical
+pages `first_page[g]` .. from `pages[g]` (indices into those distinct pages; group 0 from page
+0, a sliding group only its window before the checkpoint: `window_pages.window_span`).
 
 Why JSON + raw bytes rather than torch.save/pickle: a bundle comes from a file or another
 replica, and decoding one must never run code; the header is small and the bytes are exact.
@@ -26,7 +33,7 @@ import numpy as np
 import torch
 
 MAGIC = b"SCSTATE\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: every pinned checkpoint, pages stored once
 _PREFIX = struct.Struct("<II")  # version, header length
 _DIGEST = 32  # sha256
 
@@ -50,12 +57,22 @@ class BundleLayout:
 
 
 @dataclass(frozen=True)
+class BundleCheckpoint:
+    """The state after the first `num_tokens` key tokens: per KV group g, logical pages
+    `first_page[g]` .. read the bundle's distinct pages `pages[g]` (indices, in order)."""
+
+    num_tokens: int
+    first_page: tuple[int, ...]
+    pages: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
 class StateBundle:
-    """One session's kept state: the state after `len(token_ids)` key tokens."""
+    """One session's kept state: its checkpoints over one key stream (shallowest first)."""
 
     layout: BundleLayout
     token_ids: tuple[int, ...]  # the key stream the state covers (images as their digests)
-    first_page: tuple[int, ...]  # per KV group: the logical page its tensors start at
+    checkpoints: tuple[BundleCheckpoint, ...]
     tensors: dict[str, torch.Tensor]
 
     @property
@@ -79,7 +96,10 @@ def encode(bundle: StateBundle) -> bytes:
         "tp_size": lay.tp_size,
         "page_size": lay.page_size,
         "token_ids": list(bundle.token_ids),
-        "first_page": list(bundle.first_page),
+        "checkpoints": [
+            {"num_tokens": c.num_tokens, "first_page": list(c.first_page), "pages": c.pages}
+            for c in bundle.checkpoints
+        ],
         "tensors": records,
     }
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -111,14 +131,18 @@ def decode(data: bytes) -> StateBundle:
             int(header["page_size"]),
         )
         tensors = _tensors(header["tensors"], body, fixed + head_len)
-        return StateBundle(
-            layout,
-            tuple(int(t) for t in header["token_ids"]),
-            tuple(int(p) for p in header["first_page"]),
-            tensors,
-        )
+        checkpoints = tuple(_checkpoint(c) for c in header["checkpoints"])
+        return StateBundle(layout, tuple(int(t) for t in header["token_ids"]), checkpoints, tensors)
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError("format", f"unreadable header: {exc}") from exc
+
+
+def _checkpoint(rec: dict) -> BundleCheckpoint:
+    return BundleCheckpoint(
+        int(rec["num_tokens"]),
+        tuple(int(p) for p in rec["first_page"]),
+        tuple(tuple(int(i) for i in g) for g in rec["pages"]),
+    )
 
 
 def _tensors(records: list[dict], body: bytes, offset: int) -> dict[str, torch.Tensor]:

@@ -33,14 +33,19 @@ class BaseExecutor(ABC):
     @abstractmethod
     def shutdown(self) -> None: ...
 
-    def read_state(self, slot: int, pages: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
-        """Host copies of one checkpoint's state (`execution.state_io.gather_state`)."""
+    def read_state(
+        self, slots: Sequence[int], pages: Sequence[Sequence[int]]
+    ) -> dict[str, torch.Tensor]:
+        """Host copies of checkpoints' state (one slot each) (`execution.state_io.gather_state`)."""
         raise NotImplementedError(f"state export at tp_size={self.tp_size} (tp_size 1 only)")
 
     def write_state(
-        self, slot: int, pages: Sequence[Sequence[int]], tensors: Mapping[str, torch.Tensor]
+        self,
+        slots: Sequence[int],
+        pages: Sequence[Sequence[int]],
+        tensors: Mapping[str, torch.Tensor],
     ) -> None:
-        """Write one checkpoint's state (`execution.state_io.scatter_state`); ValueError, and
+        """Write checkpoints' state (`execution.state_io.scatter_state`); ValueError, and
         nothing written, when a shape does not fit."""
         raise NotImplementedError(f"state import at tp_size={self.tp_size} (tp_size 1 only)")
 

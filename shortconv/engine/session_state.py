@@ -1,10 +1,10 @@
 """A session's kept state in and out of the engine: export/import as a bundle, and the store.
 
-Export reads the session's deepest pinned checkpoint (`cache.kept_state`) off the ranks and
-encodes it (`cache.state_bundle`). Import checks the bundle against this engine before it takes
+Export reads every checkpoint the session pins (`cache.kept_state`) off the ranks and encodes
+them (`cache.state_bundle`). Import checks the bundle against this engine before it takes
 anything (version and checksum in `decode`; model fingerprint, dtype, TP layout, page size and
-the windows' extent here), then reserves a slot and pages, writes the tensors (shapes checked
-before the first write) and pins a tree entry over them for the session. Any refusal is
+each checkpoint's page tables here), then reserves slots and pages, writes the tensors (shapes
+checked before the first write) and pins tree entries over them for the session. Any refusal is
 counted by reason and leaves nothing held: the session's next turn simply re-prefills, it is
 never decoded from a refused bundle.
 """
@@ -16,9 +16,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shortconv.cache import state_bundle
 from shortconv.cache.kept_state import adopt, give_back, kept_state, reserve, window_starts
 from shortconv.cache.manager import CacheManager
-from shortconv.cache.state_bundle import BundleError, BundleLayout, StateBundle, decode, encode
+from shortconv.cache.state_bundle import BundleCheckpoint, BundleError, BundleLayout, StateBundle
 from shortconv.engine.executor import BaseExecutor
 from shortconv.engine.model_fingerprint import model_fingerprint
 from shortconv.engine.session_store import SessionStore
@@ -68,11 +69,12 @@ class SessionState:
         if held is None:
             return None
         try:
-            tensors = self.executor.read_state(held.slot, held.pages)
+            tensors = self.executor.read_state(held.ids.slots, held.ids.pages)
         except NotImplementedError as exc:
             self._refuse("tp", str(exc))
             return None
-        data = encode(StateBundle(self.layout(), held.token_ids, held.first_page, tensors))
+        bundle = StateBundle(self.layout(), held.token_ids, held.checkpoints, tensors)
+        data = state_bundle.encode(bundle)
         self.counters.count("exported", len(data))
         return data
 
@@ -80,22 +82,24 @@ class SessionState:
         """Take a bundle in as the session's kept state; False (counted, nothing held) when it
         does not fit this engine or there is no room."""
         try:
-            bundle = decode(data)
+            bundle = state_bundle.decode(data)
             self._check(bundle)
         except BundleError as exc:
             self._refuse(exc.reason, str(exc))
             return False
-        held = reserve(self.cm, bundle.token_ids)
-        if held is None:
+        ids = reserve(
+            self.cm, len(bundle.checkpoints), _num_pages(bundle, 1 + len(self.cm.windows))
+        )
+        if ids is None:
             self._refuse("no_room", "no free slot or pages for the session's state")
             return False
         try:
-            self.executor.write_state(held.slot, held.pages, bundle.tensors)
+            self.executor.write_state(ids.slots, ids.pages, bundle.tensors)
         except (ValueError, NotImplementedError) as exc:
-            give_back(self.cm, held)
+            give_back(self.cm, ids)
             self._refuse("shape" if isinstance(exc, ValueError) else "tp", str(exc))
             return False
-        if not adopt(self.cm, session_id, held):
+        if not adopt(self.cm, session_id, bundle.token_ids, bundle.checkpoints, ids):
             self._refuse("no_room", "the checkpoint could not be kept")
             return False
         self.counters.count("imported", len(data))
@@ -108,10 +112,22 @@ class SessionState:
             if a != b:
                 # NOTE: re-slicing another TP degree's shards is a later stage: refused here.
                 raise BundleError(what, f"bundle {what} {a!r}, this engine {b!r}")
-        if not bundle.token_ids:
-            raise BundleError("format", "a bundle covers at least one token")
-        if bundle.first_page != window_starts(self.cm, bundle.num_tokens):
-            raise BundleError("format", f"KV page ranges {bundle.first_page} do not fit")
+        if not bundle.checkpoints:
+            raise BundleError("format", "a bundle holds at least one checkpoint")
+        for c in bundle.checkpoints:
+            self._check_checkpoint(c, bundle.num_tokens)
+
+    def _check_checkpoint(self, c: BundleCheckpoint, num_tokens: int) -> None:
+        """A checkpoint covers a prefix of the bundle's tokens, and its page tables are
+        exactly the logical pages this engine's groups keep after that many tokens."""
+        if not 0 < c.num_tokens <= num_tokens:
+            raise BundleError("format", f"a checkpoint of {c.num_tokens}/{num_tokens} tokens")
+        starts = window_starts(self.cm, c.num_tokens)
+        need = -(-c.num_tokens // self.cm.page_size)
+        lengths = tuple(len(p) for p in c.pages)
+        negative = any(i < 0 for index in c.pages for i in index)
+        if c.first_page != starts or lengths != tuple(need - s for s in starts) or negative:
+            raise BundleError("format", f"KV page ranges {c.first_page} x {lengths} do not fit")
 
     def _refuse(self, reason: str, message: str) -> None:
         self.counters.refused[reason] += 1
@@ -144,3 +160,12 @@ class SessionState:
         if ok:
             self.counters.count("restored", len(data))
         return ok
+
+
+def _num_pages(bundle: StateBundle, num_groups: int) -> list[int]:
+    """Per KV group, the distinct pages the bundle's checkpoints read (a tensor of another
+    length is then refused by its shape check)."""
+    return [
+        max((i + 1 for c in bundle.checkpoints for i in c.pages[g]), default=0)
+        for g in range(num_groups)
+    ]

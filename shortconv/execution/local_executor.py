@@ -57,13 +57,18 @@ class LocalExecutor(BaseExecutor):
     def unload_lora(self, slot: int) -> None:
         self._runner().unload_lora(slot)
 
-    def read_state(self, slot: int, pages: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
-        return gather_state(self._runner().pool, slot, pages)
+    def read_state(
+        self, slots: Sequence[int], pages: Sequence[Sequence[int]]
+    ) -> dict[str, torch.Tensor]:
+        return gather_state(self._runner().pool, slots, pages)
 
     def write_state(
-        self, slot: int, pages: Sequence[Sequence[int]], tensors: Mapping[str, torch.Tensor]
+        self,
+        slots: Sequence[int],
+        pages: Sequence[Sequence[int]],
+        tensors: Mapping[str, torch.Tensor],
     ) -> None:
-        scatter_state(self._runner().pool, slot, pages, tensors)
+        scatter_state(self._runner().pool, slots, pages, tensors)
 
     def _runner(self) -> ModelRunner:
         if self.runner is None:

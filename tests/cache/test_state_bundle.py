@@ -17,6 +17,7 @@ import torch
 from shortconv.cache.state_bundle import (
     FORMAT_VERSION,
     MAGIC,
+    BundleCheckpoint,
     BundleError,
     BundleLayout,
     StateBundle,
@@ -37,18 +38,19 @@ LAYOUT = BundleLayout("f" * 32, "torch.float32", 1, 4)
 
 def small_bundle() -> StateBundle:
     tensors = {
-        "conv": torch.randn(2, 8, 2),
+        "conv": torch.randn(2, 2, 8, 2),
         "kv0.k": torch.randn(1, 8, 2, 4).to(torch.bfloat16),
         "kv0.v": torch.randn(1, 8, 2, 4).to(torch.bfloat16),
     }
-    return StateBundle(LAYOUT, (5, 6, 7, 8, 9), (0,), tensors)
+    checkpoints = (BundleCheckpoint(3, (0,), ((0,),)), BundleCheckpoint(5, (0,), ((0, 1),)))
+    return StateBundle(LAYOUT, (5, 6, 7, 8, 9), checkpoints, tensors)
 
 
 def test_round_trip_is_exact():
     b = small_bundle()
     got = decode(encode(b))
     assert got.layout == b.layout and got.token_ids == b.token_ids
-    assert got.first_page == b.first_page and set(got.tensors) == set(b.tensors)
+    assert got.checkpoints == b.checkpoints and set(got.tensors) == set(b.tensors)
     for name, t in b.tensors.items():
         assert got.tensors[name].dtype == t.dtype and torch.equal(got.tensors[name], t)
 
@@ -157,6 +159,38 @@ def test_moved_session_equals_one_engine_and_recompute(ckpt):
     assert b.session_state.counters.events["imported"] == 1
 
 
+def test_bundle_carries_every_pinned_checkpoint_with_shared_pages_once(ckpt):
+    a, _, bundle = first_turn(ckpt)
+    b = decode(bundle)
+    deepest = len(P1) + G.max_tokens - 1  # the last sampled token was never fed back
+    assert [c.num_tokens for c in b.checkpoints] == [len(P1), deepest]
+    assert b.token_ids[: len(P1)] == tuple(P1)
+    prompt_end, last = b.checkpoints
+    assert prompt_end.pages[0] == last.pages[0][: len(prompt_end.pages[0])]  # stored once
+    assert b.tensors["kv0.k"].shape[1] == len(last.pages[0]) * 4
+    kinds = {name: t for name, t in b.tensors.items() if not name.startswith("kv")}
+    # every state kind travels (ZAYA1: its CCA conv state and its previous-token state)
+    assert set(kinds) == set(a.executor.runner.pool.states)
+    assert all(t.shape[1] == 2 for t in kinds.values())  # one slot per checkpoint
+
+
+@pytest.mark.parametrize("keep", [0, 2])
+def test_turn_diverging_inside_the_answer_resumes_from_the_moved_prompt_end(ckpt, keep):
+    """A chat template that re-renders the answer differently: turn 2 shares only the prompt
+    (and `keep` answer tokens) with turn 1, so it can resume only from the prompt's end."""
+    a = engine(ckpt)
+    out1, _ = run(a, P1, "s")
+    p2 = P1 + out1.tokens[:keep] + [40, 41, 42]
+    bundle = a.export_session("s")
+    assert bundle is not None
+    b = engine(ckpt)
+    assert b.import_session("s", bundle)
+    moved, cached = run(b, p2, "s")
+    assert cached == len(P1)
+    assert moved.same(run(a, p2, "s")[0])  # the same two turns on one engine
+    assert moved.same(run(engine(ckpt), p2)[0])  # recomputed from scratch
+
+
 def shifted(bundle: bytes) -> bytes:
     """The bundle with layer 0's conv window moved back one token (its last column dropped)."""
     b = decode(bundle)
@@ -164,7 +198,7 @@ def shifted(bundle: bytes) -> bytes:
     conv = tensors["conv"].clone()
     conv[0] = torch.cat([torch.zeros_like(conv[0][..., :1]), conv[0][..., :-1]], dim=-1)
     tensors["conv"] = conv
-    return encode(StateBundle(b.layout, b.token_ids, b.first_page, tensors))
+    return encode(StateBundle(b.layout, b.token_ids, b.checkpoints, tensors))
 
 
 def test_oracle_bites_on_a_window_shifted_by_one_token(ckpt):
@@ -217,7 +251,7 @@ def test_other_layout_is_refused(ckpt):
     b = decode(bundle)
     for field, value in [("dtype", "torch.bfloat16"), ("tp_size", 2), ("page_size", 8)]:
         layout = BundleLayout(**{**b.layout.__dict__, field: value})
-        other = encode(StateBundle(layout, b.token_ids, b.first_page, b.tensors))
+        other = encode(StateBundle(layout, b.token_ids, b.checkpoints, b.tensors))
         eng = engine(ckpt)
         assert not eng.import_session("s", other)
         assert eng.session_state.counters.refused == {field: 1}

@@ -147,7 +147,9 @@ class LLMServer(OpenAIReplica):
             loop.start()
         replica_id = serve.get_replica_context().replica_id.to_full_id_str()
         name = served_model_name(app_args)
-        super().__init__(loop, ApiConfig(name, replica_id, app_args.request_timeout_s), images)
+        loras = tuple((app_args.lora_modules or {}).items())
+        cfg = ApiConfig(name, replica_id, app_args.request_timeout_s, loras)
+        super().__init__(loop, cfg, images)
         self.startup = startup_summary(clock.report("replica"), threads, engine)
         log.info("replica %s ready", replica_id)
 

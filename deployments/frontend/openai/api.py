@@ -22,6 +22,7 @@ from deployments.frontend.images.limits import ImageLimits
 from deployments.frontend.openai.deltas import Accumulator, by_choice, collect, merge, with_deadline
 from deployments.frontend.openai.errors import RETRY_AFTER_S, APIError
 from deployments.frontend.openai.format import Formatter, StreamUsage
+from deployments.frontend.openai.loras import LoadLoraRequest, ReplicaLoras, UnloadLoraRequest
 from deployments.frontend.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -53,6 +54,7 @@ class ApiConfig:
     model_name: str
     replica_id: str = "local"
     request_timeout_s: float = 600.0  # from queueing to the last token; then aborted
+    lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters the engine loads at start
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class _Job:
     usage: StreamUsage
     grammar_param: str = "response_format"  # the field a grammar that fails to compile names
     images: tuple[AnyImage, ...] = ()  # a chat prompt's images, in order
+    lora_name: str | None = None  # the LoRA adapter the request's `model` names
 
     def accumulators(self) -> list[Accumulator]:
         n = self.params.n
@@ -84,6 +87,7 @@ class OpenAIReplica:
         self.images = images or ChatImages(ImageLimits(), None)  # default: no images
         self.startup: dict[str, Any] = {}  # the replica's start-up report (LLMServer fills it)
         self.prefixes = PrefixRecord(MAX_RECORDED_PREFIXES)
+        self.loras = ReplicaLoras(cfg.model_name, dict(cfg.lora_modules))
         self.created = int(time.time())
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = int(engine.engine.max_model_len)
@@ -129,7 +133,13 @@ class OpenAIReplica:
     async def models(self) -> Reply:
         card = {"id": self.cfg.model_name, "object": "model", "created": self.created}
         card.update(owned_by="shortconv-serve", max_model_len=self.max_model_len)
-        return self._reply({"object": "list", "data": [card]})
+        return self._reply({"object": "list", "data": [card, *self.loras.cards(self.created)]})
+
+    async def load_lora(self, request: LoadLoraRequest) -> Reply:
+        return self._reply(await self.loras.load(self.engine, request))
+
+    async def unload_lora(self, request: UnloadLoraRequest) -> Reply:
+        return self._reply(await self.loras.unload(self.engine, request))
 
     async def health(self) -> Reply:
         """Pings the engine loop and every TP worker; 503 when either is unusable."""
@@ -187,7 +197,9 @@ class OpenAIReplica:
     ) -> AsyncIterator[Delta]:
         retry = {"retry-after": str(RETRY_AFTER_S)}
         try:
-            return self.engine.generate(prompt, job.params, rid, session_id, job.images)
+            return self.engine.generate(
+                prompt, job.params, rid, session_id, job.images, job.lora_name
+            )
         except GrammarError as exc:  # a schema that passed our checks but does not compile
             raise APIError(str(exc), param=job.grammar_param) from None
         except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
@@ -203,6 +215,7 @@ class OpenAIReplica:
 
     def _formatter(
         self,
+        model: str | None,
         chat: bool,
         want_logprobs: bool,
         tools: ToolPlan | None = None,
@@ -214,7 +227,7 @@ class OpenAIReplica:
         return Formatter(
             chat,
             rid,
-            self.cfg.model_name,
+            model or self.cfg.model_name,  # NOTE: an adapter's name, as vLLM answers
             self._token_text,
             want_logprobs,
             tools=tools,
@@ -228,6 +241,7 @@ class OpenAIReplica:
         return self.tokenizer.decode([tok], skip_special_tokens=False)
 
     def _completion_job(self, req: CompletionRequest) -> _Job:
+        lora_name = self.loras.adapter_for(req.model)
         given = req.prompts()
         prompts = [self._encode(p, i if len(given) > 1 else None) for i, p in enumerate(given)]
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
@@ -235,8 +249,8 @@ class OpenAIReplica:
         params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs, grammar=grammar)
         texts = [self._prompt_text(p) for p in given] if req.echo else []
         echo = tuple(t for t in texts for _ in range(params.n))  # one per choice
-        fmt = self._formatter(False, params.logprobs is not None, echo=echo)
-        return _Job(prompts, params, fmt, _usage(req))
+        fmt = self._formatter(req.model, False, params.logprobs is not None, echo=echo)
+        return _Job(prompts, params, fmt, _usage(req), lora_name=lora_name)
 
     def _encode(self, prompt: str | list[int], index: int | None) -> list[int]:
         where = "prompt" if index is None else f"prompt.{index}"
@@ -260,6 +274,7 @@ class OpenAIReplica:
     async def _chat_job(self, req: ChatCompletionRequest) -> _Job:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer, so no chat template", param="messages")
+        lora_name = self.loras.adapter_for(req.model)
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
         grammar, grammar_param = chat_grammar(req.response_format, tools)
         refs, tools_listed, images = req.image_refs(), req.template_tools(), ()
@@ -280,8 +295,8 @@ class OpenAIReplica:
             # NOTE: `auto` parses the model's call markers, which are special tokens.
             skip_special_tokens=tools is None or tools.mode != "auto",
         )
-        fmt = self._formatter(True, params.logprobs is not None, tools)
-        return _Job([prompt], params, fmt, _usage(req), grammar_param, images)
+        fmt = self._formatter(req.model, True, params.logprobs is not None, tools)
+        return _Job([prompt], params, fmt, _usage(req), grammar_param, images, lora_name)
 
 
 def _usage(req: ChatCompletionRequest | CompletionRequest) -> StreamUsage:

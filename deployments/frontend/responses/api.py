@@ -135,7 +135,7 @@ class ResponsesService:
         choice = reply.body["choices"][0]
         items = output_items(choice["message"])
         status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
-        body = turn.response(self.model_name, items, usage_of(reply.body.get("usage")), status)
+        body = turn.response(self._name(turn), items, usage_of(reply.body.get("usage")), status)
         await self._keep(turn, body)
         return Reply(reply.replica_id, body)
 
@@ -160,9 +160,9 @@ class ResponsesService:
     async def _events(
         self, turn: _Turn, chunks: AsyncIterator[dict[str, Any]]
     ) -> AsyncIterator[Event]:
-        finish = lambda items, usage, status: turn.response(self.model_name, items, usage, status)
+        finish = lambda items, usage, status: turn.response(self._name(turn), items, usage, status)
         events = ResponseEvents(
-            turn.response(self.model_name, [], usage_of(None), "in_progress"), finish
+            turn.response(self._name(turn), [], usage_of(None), "in_progress"), finish
         )
         stream = events.events(chunks)
         # NOTE: aclosing both: a client that disconnects cancels the replica call at once.
@@ -171,6 +171,10 @@ class ResponsesService:
                 if event["type"] in ("response.completed", "response.incomplete"):
                     await self._keep(turn, event["response"])
                 yield event
+
+    def _name(self, turn: _Turn) -> str:
+        """The model the response names: the request's LoRA adapter, else the base."""
+        return turn.request.model or self.model_name
 
     async def _keep(self, turn: _Turn, body: dict[str, Any]) -> None:
         if turn.request.store and turn.session_id is not None:

@@ -91,8 +91,8 @@ class HandleReplica:
     async def load_lora(self, request: LoadLoraRequest) -> Reply:
         return await _call(self._handle.load_lora, request)
 
-    async def unload_lora(self, request: UnloadLoraRequest) -> Reply:
-        return await _call(self._handle.unload_lora, request)
+    async def unload_lora(self, request: UnloadLoraRequest, ctx: RequestContext) -> Reply:
+        return await _call(self._handle.unload_lora, request, ctx=ctx)
 
 
 async def _call(method: DeploymentHandle, *args: Any, **kwargs: Any) -> Reply:

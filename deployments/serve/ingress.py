@@ -47,6 +47,7 @@ from deployments.frontend.responses.api import ResponsesService
 from deployments.frontend.responses.protocol import ResponsesRequest
 from deployments.frontend.responses.routes import Parse, install_responses_routes
 from deployments.frontend.responses.store import LocalStore, ResponseStore, Store
+from deployments.frontend.routing.lora_paths import LoraPaths
 from deployments.frontend.routing.prefix_key import chat_prefix, completion_prefix
 from deployments.serve.handle_replica import EXPECTED_ERRORS, HandleReplica, as_api_error
 from deployments.serve.responses_store_server import HandleStore
@@ -102,14 +103,18 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
     async def models(request: Request) -> Response:
         return respond(await replica(request).models())
 
-    def context(request: Request, prefix: tuple[int, ...]) -> tuple[Replica, RequestContext]:
-        ctx = RequestContext(session_id_of(request), prefix)
+    loras = LoraPaths()
+
+    def context(
+        request: Request, prefix: tuple[int, ...], model: str | None
+    ) -> tuple[Replica, RequestContext]:
+        ctx = loras.context(session_id_of(request), prefix, model)
         return connect(ctx.session_id), ctx
 
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         req = await parse(request, CompletionRequest)
-        target, ctx = context(request, completion_prefix(req))
+        target, ctx = context(request, completion_prefix(req), req.model)
         if req.stream:
             return await stream(target.completion_stream(req, ctx))
         return respond(await target.completion(req, ctx))
@@ -117,7 +122,7 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         req = await parse(request, ChatCompletionRequest)
-        target, ctx = context(request, chat_prefix(req))
+        target, ctx = context(request, chat_prefix(req), req.model)
         if req.stream:
             return await stream(target.chat_stream(req, ctx))
         return respond(await target.chat(req, ctx))
@@ -144,10 +149,10 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
         return respond(await replica(request).reset_prefix_cache())
 
     if cfg.runtime_lora_updating:
-        _install_lora_routes(app, parse, replica)
+        _install_lora_routes(app, parse, replica, loras)
 
     store = store or LocalStore(ResponseStore(cfg.responses_ttl_s, cfg.max_stored_responses))
-    service = ResponsesService(connect, store, cfg.model_name, as_api_error)
+    service = ResponsesService(connect, store, cfg.model_name, as_api_error, loras)
     install_responses_routes(
         app,
         service,
@@ -164,20 +169,26 @@ def _install_lora_routes(
     app: FastAPI,
     parse: Parse,
     replica: Callable[[Request], Replica],
+    loras: LoraPaths,
 ) -> None:
-    """vLLM's runtime adapter routes (behind the API key, like every /v1 route)."""
+    """vLLM's runtime adapter routes (behind the API key, like every /v1 route). A load goes
+    to the least-loaded replica, where the adapter then lives; an unload to its holder."""
 
     @app.post("/v1/load_lora_adapter", openapi_extra=_body_schema(LoadLoraRequest))
     async def load_lora_adapter(request: Request) -> Response:
         req = await parse(request, LoadLoraRequest)
         assert isinstance(req, LoadLoraRequest)
-        return respond(await replica(request).load_lora(req))
+        reply = await replica(request).load_lora(req)
+        loras.loaded(req.lora_name, req.lora_path)
+        return respond(reply)
 
     @app.post("/v1/unload_lora_adapter", openapi_extra=_body_schema(UnloadLoraRequest))
     async def unload_lora_adapter(request: Request) -> Response:
         req = await parse(request, UnloadLoraRequest)
         assert isinstance(req, UnloadLoraRequest)
-        return respond(await replica(request).unload_lora(req))
+        loras.unloaded(req.lora_name)  # NOTE: first: no request reloads it meanwhile
+        ctx = RequestContext(lora_name=req.lora_name)  # the router sends it to the holder
+        return respond(await replica(request).unload_lora(req, ctx))
 
 
 def respond(reply: Reply) -> JSONResponse:

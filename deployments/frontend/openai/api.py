@@ -99,21 +99,21 @@ class OpenAIReplica:
 
     # ---- generation -------------------------------------------------------------------------
     async def chat(self, request: ChatCompletionRequest, ctx: RequestContext) -> Reply:
-        return await self._whole(await self._chat_job(request), ctx)
+        return await self._whole(await self._chat_job(request, ctx), ctx)
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: RequestContext
     ) -> AsyncIterator[Reply]:
-        async for reply in self._stream(await self._chat_job(request), ctx):
+        async for reply in self._stream(await self._chat_job(request, ctx), ctx):
             yield reply
 
     async def completion(self, request: CompletionRequest, ctx: RequestContext) -> Reply:
-        return await self._whole(self._completion_job(request), ctx)
+        return await self._whole(await self._completion_job(request, ctx), ctx)
 
     async def completion_stream(
         self, request: CompletionRequest, ctx: RequestContext
     ) -> AsyncIterator[Reply]:
-        async for reply in self._stream(self._completion_job(request), ctx):
+        async for reply in self._stream(await self._completion_job(request, ctx), ctx):
             yield reply
 
     # ---- the rest ---------------------------------------------------------------------------
@@ -138,8 +138,15 @@ class OpenAIReplica:
     async def load_lora(self, request: LoadLoraRequest) -> Reply:
         return self._reply(await self.loras.load(self.engine, request))
 
-    async def unload_lora(self, request: UnloadLoraRequest) -> Reply:
+    async def unload_lora(self, request: UnloadLoraRequest, ctx: RequestContext) -> Reply:
+        """`ctx` names the adapter for the router, which sends the call to its holder."""
         return self._reply(await self.loras.unload(self.engine, request))
+
+    async def _adapter(self, model: str | None, ctx: RequestContext) -> str | None:
+        """The adapter `model` names (loaded here first on a miss, when `ctx` says where
+        from), or None for the base; a 404 for a name nobody loaded."""
+        await self.loras.ensure(self.engine, ctx.lora_name, ctx.lora_path)
+        return self.loras.adapter_for(model)
 
     async def health(self) -> Reply:
         """Pings the engine loop and every TP worker; 503 when either is unusable."""
@@ -240,8 +247,8 @@ class OpenAIReplica:
             return f"token_id:{tok}"
         return self.tokenizer.decode([tok], skip_special_tokens=False)
 
-    def _completion_job(self, req: CompletionRequest) -> _Job:
-        lora_name = self.loras.adapter_for(req.model)
+    async def _completion_job(self, req: CompletionRequest, ctx: RequestContext) -> _Job:
+        lora_name = await self._adapter(req.model, ctx)
         given = req.prompts()
         prompts = [self._encode(p, i if len(given) > 1 else None) for i, p in enumerate(given)]
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
@@ -271,10 +278,10 @@ class OpenAIReplica:
             return "".join(self._token_text(t) for t in prompt)
         return self.tokenizer.decode(prompt, skip_special_tokens=False)
 
-    async def _chat_job(self, req: ChatCompletionRequest) -> _Job:
+    async def _chat_job(self, req: ChatCompletionRequest, ctx: RequestContext) -> _Job:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer, so no chat template", param="messages")
-        lora_name = self.loras.adapter_for(req.model)
+        lora_name = await self._adapter(req.model, ctx)
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
         grammar, grammar_param = chat_grammar(req.response_format, tools)
         refs, tools_listed, images = req.image_refs(), req.template_tools(), ()

@@ -11,6 +11,7 @@ engine's: those loaded at start (`lora_modules`) and those loaded through this r
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,6 +48,7 @@ class ReplicaLoras:
     def __init__(self, base_name: str, lora_modules: dict[str, str] | None) -> None:
         self.base_name = base_name
         self.paths: dict[str, str] = dict(lora_modules or {})
+        self._lock = asyncio.Lock()  # NOTE: one load or unload at a time, so a miss loads once
 
     def adapter_for(self, model: str | None) -> str | None:
         """The adapter a request's `model` names (None: the base), or a 404."""
@@ -70,7 +72,18 @@ class ReplicaLoras:
             for name, path in sorted(self.paths.items())
         ]
 
+    async def ensure(self, engine: AsyncEngine, name: str | None, path: str | None) -> None:
+        """Load on miss: a request for an adapter another replica loaded at run time brings
+        its directory (the ingress's record); without one, `adapter_for` answers the 404."""
+        if name is None or path is None or name in self.paths:
+            return
+        await self.load(engine, LoadLoraRequest(lora_name=name, lora_path=path))
+
     async def load(self, engine: AsyncEngine, req: LoadLoraRequest) -> dict[str, Any]:
+        async with self._lock:
+            return await self._load(engine, req)
+
+    async def _load(self, engine: AsyncEngine, req: LoadLoraRequest) -> dict[str, Any]:
         if req.lora_name == self.base_name:
             raise APIError(f"{req.lora_name!r} is the base model's name", param="lora_name")
         error = await engine.update_lora("load", req.lora_name, req.lora_path)
@@ -81,6 +94,10 @@ class ReplicaLoras:
         return {"object": "lora_adapter", "lora_name": req.lora_name, "status": "loaded"}
 
     async def unload(self, engine: AsyncEngine, req: UnloadLoraRequest) -> dict[str, Any]:
+        async with self._lock:
+            return await self._unload(engine, req)
+
+    async def _unload(self, engine: AsyncEngine, req: UnloadLoraRequest) -> dict[str, Any]:
         if req.lora_name not in self.paths:
             raise unknown_model(req.lora_name)
         error = await engine.update_lora("unload", req.lora_name)

@@ -34,6 +34,7 @@ from deployments.frontend.responses.images import restore, stash
 from deployments.frontend.responses.protocol import ResponsesRequest
 from deployments.frontend.responses.store import Images, Store
 from deployments.frontend.responses.stream import Event, ResponseEvents
+from deployments.frontend.routing.lora_paths import LoraPaths
 from deployments.frontend.routing.prefix_key import chat_prefix
 
 Connect = Callable[[str | None], Replica]
@@ -101,8 +102,16 @@ class ResponsesService:
     `as_error` names what a replica call raised as an APIError; the transport that `connect`
     returns knows its own failures (Ray's, for the Serve layer), so it is given here, once."""
 
-    def __init__(self, connect: Connect, store: Store, model_name: str, as_error: ErrorOf) -> None:
+    def __init__(
+        self,
+        connect: Connect,
+        store: Store,
+        model_name: str,
+        as_error: ErrorOf,
+        loras: LoraPaths | None = None,
+    ) -> None:
         self.connect, self.store, self.model_name = connect, store, model_name
+        self.loras = loras or LoraPaths()  # runtime-loaded adapters' directories (load on miss)
         self.as_error = as_error
 
     async def plan(self, req: ResponsesRequest) -> _Turn:
@@ -122,7 +131,7 @@ class ResponsesService:
         return _Turn(req, rid, int(time.time()), history + new, session, chat, images)
 
     def _replica(self, turn: _Turn) -> tuple[Replica, RequestContext]:
-        ctx = RequestContext(turn.session_id, chat_prefix(turn.chat))
+        ctx = self.loras.context(turn.session_id, chat_prefix(turn.chat), turn.chat.model)
         return self.connect(turn.session_id), ctx
 
     async def create(self, req: ResponsesRequest) -> Reply:

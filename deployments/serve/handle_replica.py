@@ -88,8 +88,8 @@ class HandleReplica:
     async def reset_prefix_cache(self) -> Reply:
         return await _call(self._handle.reset_prefix_cache)
 
-    async def load_lora(self, request: LoadLoraRequest) -> Reply:
-        return await _call(self._handle.load_lora, request)
+    async def load_lora(self, request: LoadLoraRequest, ctx: RequestContext) -> Reply:
+        return await _call(self._handle.load_lora, request, ctx=ctx)
 
     async def unload_lora(self, request: UnloadLoraRequest, ctx: RequestContext) -> Reply:
         return await _call(self._handle.unload_lora, request, ctx=ctx)

@@ -178,7 +178,8 @@ def _install_lora_routes(
     async def load_lora_adapter(request: Request) -> Response:
         req = await parse(request, LoadLoraRequest)
         assert isinstance(req, LoadLoraRequest)
-        reply = await replica(request).load_lora(req)
+        ctx = RequestContext(lora_name=req.lora_name)  # the router records where it went
+        reply = await replica(request).load_lora(req, ctx)
         loras.loaded(req.lora_name, req.lora_path)
         return respond(reply)
 

@@ -15,6 +15,7 @@ from typing import Any
 from ray.serve.request_router import ReplicaID, RunningReplica
 
 from deployments.frontend.openai.replica import RequestContext
+from deployments.serve.prefix_owners import claims
 
 
 class LoraHolders:
@@ -23,11 +24,8 @@ class LoraHolders:
         self._routed: dict[str, set[ReplicaID]] = {}
 
     def update_reports(self, replicas: Iterable[RunningReplica]) -> None:
-        reported: dict[str, set[ReplicaID]] = {}
-        for r in replicas:
-            for name in (r.routing_stats or {}).get("loras") or ():
-                reported.setdefault(str(name), set()).add(r.replica_id)
-        self._reported = reported
+        replicas = list(replicas)
+        self._reported = reported = claims(replicas, "loras", str)
         # NOTE: a report is the truth for that replica: drop our records it contradicts (an
         # unloaded adapter), keeping those of replicas that have not reported since.
         for name, ids in self._routed.items():

@@ -135,7 +135,8 @@ class OpenAIReplica:
         card.update(owned_by="shortconv-serve", max_model_len=self.max_model_len)
         return self._reply({"object": "list", "data": [card, *self.loras.cards(self.created)]})
 
-    async def load_lora(self, request: LoadLoraRequest) -> Reply:
+    async def load_lora(self, request: LoadLoraRequest, ctx: RequestContext) -> Reply:
+        """`ctx` names the adapter for the router, which records where the load went."""
         return self._reply(await self.loras.load(self.engine, request))
 
     async def unload_lora(self, request: UnloadLoraRequest, ctx: RequestContext) -> Reply:

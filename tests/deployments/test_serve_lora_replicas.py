@@ -19,6 +19,16 @@ PROMPT = [5, 9, 13, 20, 33, 47, 61, 80]
 MAX_TOKENS = 6
 
 
+def _offline(oracle: LLM, prompt: list[int], params: SamplingParams) -> list[str]:
+    """The offline engine's greedy tokens under gamma, as the server names them in logprobs."""
+    rid = oracle.engine.add_request(prompt, params, lora_name="gamma")
+    ids: list[int] = []
+    while oracle.engine.has_unfinished():
+        ids += [t for o in oracle.engine.step() if o.request_id == rid for t in o.new_token_ids]
+    assert len(ids) == MAX_TOKENS
+    return [oracle.engine.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+
+
 def test_runtime_adapter_requests_go_to_its_replica(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -30,14 +40,10 @@ def test_runtime_adapter_requests_go_to_its_replica(
     lora = {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8}
     oracle = LLM(ckpt, dtype="float32", lora_modules={"gamma": str(root / "gamma")}, **lora)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    rid = oracle.engine.add_request(PROMPT, params, lora_name="gamma")
-    ids: list[int] = []
-    while oracle.engine.has_unfinished():
-        ids += [t for o in oracle.engine.step() if o.request_id == rid for t in o.new_token_ids]
-    tok = oracle.engine.tokenizer
-    want = [tok.decode([t], skip_special_tokens=False) for t in ids]
+    # NOTE: a prompt each, so no prefix key leads a request to the holder: only its adapter.
+    prompts = [[*PROMPT, 100 + i] for i in range(6)]
+    want = [_offline(oracle, p, params) for p in prompts]
     oracle.shutdown()
-    assert len(want) == MAX_TOKENS
     args = {
         "model": str(ckpt),
         "served_model_name": "base",
@@ -50,7 +56,6 @@ def test_runtime_adapter_requests_go_to_its_replica(
     }
     body = {
         "model": "gamma",
-        "prompt": PROMPT,
         "max_tokens": MAX_TOKENS,
         "temperature": 0.0,
         "logprobs": 0,
@@ -61,14 +66,14 @@ def test_runtime_adapter_requests_go_to_its_replica(
         r = http.post(f"{url}/v1/load_lora_adapter", json=load)
         assert r.status_code == 200, r.text
         holder = r.headers[REPLICA_HEADER]
-        for _ in range(6):
-            r = http.post(f"{url}/v1/completions", json=body)
+        for prompt, tokens in zip(prompts, want, strict=True):
+            r = http.post(f"{url}/v1/completions", json={**body, "prompt": prompt})
             assert r.status_code == 200, r.text
             assert r.headers[REPLICA_HEADER] == holder
-            assert r.json()["choices"][0]["logprobs"]["tokens"] == want
-        r = http.post(f"{url}/v1/completions", json={**body, "model": "base"})
-        assert r.json()["choices"][0]["logprobs"]["tokens"] != want  # so the oracle bites
+            assert r.json()["choices"][0]["logprobs"]["tokens"] == tokens
+        r = http.post(f"{url}/v1/completions", json={**body, "model": "base", "prompt": prompts[0]})
+        assert r.json()["choices"][0]["logprobs"]["tokens"] != want[0]  # so the oracle bites
         r = http.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "gamma"})
         assert r.status_code == 200 and r.headers[REPLICA_HEADER] == holder, r.text
-        r = http.post(f"{url}/v1/completions", json=body)
-        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        r = http.post(f"{url}/v1/completions", json={**body, "prompt": prompts[0]})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text

@@ -144,6 +144,8 @@ def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any
         "api_key": args.api_key,
         "responses_ttl_s": args.responses_ttl_s,
         "max_stored_responses": args.max_stored_responses,
+        "enable_lora": args.enable_lora,
+        "runtime_lora_updating": args.runtime_lora_updating,
     }
     ingress = OpenAIIngress.options(**ingress_options(args))
     if not shares_response_store(args):

@@ -18,6 +18,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from ray.serve.handle import DeploymentHandle
 
 from deployments.frontend.openai.errors import RETRY_AFTER_S, APIError
+from deployments.frontend.openai.loras import LoadLoraRequest, UnloadLoraRequest
 from deployments.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.frontend.openai.replica import Reply, RequestContext
 from deployments.frontend.openai.tokenize import DetokenizeRequest, TokenizeRequest
@@ -86,6 +87,12 @@ class HandleReplica:
 
     async def reset_prefix_cache(self) -> Reply:
         return await _call(self._handle.reset_prefix_cache)
+
+    async def load_lora(self, request: LoadLoraRequest, ctx: RequestContext) -> Reply:
+        return await _call(self._handle.load_lora, request, ctx=ctx)
+
+    async def unload_lora(self, request: UnloadLoraRequest, ctx: RequestContext) -> Reply:
+        return await _call(self._handle.unload_lora, request, ctx=ctx)
 
 
 async def _call(method: DeploymentHandle, *args: Any, **kwargs: Any) -> Reply:

@@ -32,7 +32,6 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.frontend.openai.body import from_validation_error, parse_json_object
-from deployments.frontend.openai.errors import APIError
 from deployments.frontend.openai.http_edge import (
     check_auth,
     install_error_handlers,
@@ -40,13 +39,15 @@ from deployments.frontend.openai.http_edge import (
     resolve_api_key,
     session_id_of,
 )
+from deployments.frontend.openai.loras import LoadLoraRequest, UnloadLoraRequest, unknown_model
 from deployments.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.frontend.openai.replica import REPLICA_HEADER, Replica, Reply, RequestContext
 from deployments.frontend.openai.tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.frontend.responses.api import ResponsesService
 from deployments.frontend.responses.protocol import ResponsesRequest
-from deployments.frontend.responses.routes import install_responses_routes
+from deployments.frontend.responses.routes import Parse, install_responses_routes
 from deployments.frontend.responses.store import LocalStore, ResponseStore, Store
+from deployments.frontend.routing.lora_paths import LoraPaths
 from deployments.frontend.routing.prefix_key import chat_prefix, completion_prefix
 from deployments.serve.handle_replica import EXPECTED_ERRORS, HandleReplica, as_api_error
 from deployments.serve.responses_store_server import HandleStore
@@ -65,6 +66,8 @@ class IngressConfig:
     api_key: str | None = None  # None: $SHORTCONV_API_KEY in this process, else no auth
     responses_ttl_s: float = 3600.0  # stored Responses (deployments/frontend/responses/store.py)
     max_stored_responses: int = 10_000
+    enable_lora: bool = False  # a `model` other than ours may name a replica's LoRA adapter
+    runtime_lora_updating: bool = False  # serve /v1/load_lora_adapter and unload_lora_adapter
 
 
 def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None = None) -> FastAPI:
@@ -84,8 +87,12 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
         except ValidationError as exc:
             raise from_validation_error(exc) from None
         name = getattr(req, "model", None)
-        if name and name != cfg.model_name:
-            raise APIError(f"the model {name!r} does not exist", 404, code="model_not_found")
+        if name == cfg.model_name:
+            # NOTE: the base by its name is the base without one: one prefix key for both.
+            req.model = None  # type: ignore[attr-defined]
+        elif name and not cfg.enable_lora:
+            raise unknown_model(name)
+        # NOTE: with LoRA, the replica answers an unknown adapter (it knows which it holds).
         return req
 
     def replica(request: Request) -> Replica:
@@ -96,14 +103,18 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
     async def models(request: Request) -> Response:
         return respond(await replica(request).models())
 
-    def context(request: Request, prefix: tuple[int, ...]) -> tuple[Replica, RequestContext]:
-        ctx = RequestContext(session_id_of(request), prefix)
+    loras = LoraPaths()
+
+    def context(
+        request: Request, prefix: tuple[int, ...], model: str | None
+    ) -> tuple[Replica, RequestContext]:
+        ctx = loras.context(session_id_of(request), prefix, model)
         return connect(ctx.session_id), ctx
 
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         req = await parse(request, CompletionRequest)
-        target, ctx = context(request, completion_prefix(req))
+        target, ctx = context(request, completion_prefix(req), req.model)
         if req.stream:
             return await stream(target.completion_stream(req, ctx))
         return respond(await target.completion(req, ctx))
@@ -111,7 +122,7 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         req = await parse(request, ChatCompletionRequest)
-        target, ctx = context(request, chat_prefix(req))
+        target, ctx = context(request, chat_prefix(req), req.model)
         if req.stream:
             return await stream(target.chat_stream(req, ctx))
         return respond(await target.chat(req, ctx))
@@ -137,8 +148,11 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
     async def reset_prefix_cache(request: Request) -> Response:
         return respond(await replica(request).reset_prefix_cache())
 
+    if cfg.runtime_lora_updating:
+        _install_lora_routes(app, parse, replica, loras)
+
     store = store or LocalStore(ResponseStore(cfg.responses_ttl_s, cfg.max_stored_responses))
-    service = ResponsesService(connect, store, cfg.model_name, as_api_error)
+    service = ResponsesService(connect, store, cfg.model_name, as_api_error, loras)
     install_responses_routes(
         app,
         service,
@@ -147,8 +161,35 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
         respond,
         {"openapi_extra": _body_schema(ResponsesRequest)},
     )
-    _install_openapi(app, cfg.model_name)
+    _install_openapi(app, cfg)
     return app
+
+
+def _install_lora_routes(
+    app: FastAPI,
+    parse: Parse,
+    replica: Callable[[Request], Replica],
+    loras: LoraPaths,
+) -> None:
+    """vLLM's runtime adapter routes (behind the API key, like every /v1 route). A load goes
+    to the least-loaded replica, where the adapter then lives; an unload to its holder."""
+
+    @app.post("/v1/load_lora_adapter", openapi_extra=_body_schema(LoadLoraRequest))
+    async def load_lora_adapter(request: Request) -> Response:
+        req = await parse(request, LoadLoraRequest)
+        assert isinstance(req, LoadLoraRequest)
+        ctx = RequestContext(lora_name=req.lora_name)  # the router records where it went
+        reply = await replica(request).load_lora(req, ctx)
+        loras.loaded(req.lora_name, req.lora_path)
+        return respond(reply)
+
+    @app.post("/v1/unload_lora_adapter", openapi_extra=_body_schema(UnloadLoraRequest))
+    async def unload_lora_adapter(request: Request) -> Response:
+        req = await parse(request, UnloadLoraRequest)
+        assert isinstance(req, UnloadLoraRequest)
+        loras.unloaded(req.lora_name)  # NOTE: first: no request reloads it meanwhile
+        ctx = RequestContext(lora_name=req.lora_name)  # the router sends it to the holder
+        return respond(await replica(request).unload_lora(req, ctx))
 
 
 def respond(reply: Reply) -> JSONResponse:
@@ -192,9 +233,12 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": content}}
 
 
-def _install_openapi(app: FastAPI, model_name: str) -> None:
+def _install_openapi(app: FastAPI, cfg: IngressConfig) -> None:
     """/openapi.json with the request bodies the routes parse themselves (they take a raw
-    Request, so FastAPI cannot see them); `model` is the one served name or absent."""
+    Request, so FastAPI cannot see them); `model` is the one served name or absent (with
+    LoRA: any name, since adapters come and go at run time)."""
+    name = {"type": "string"} if cfg.enable_lora else {"const": cfg.model_name}
+    lora_bodies = (LoadLoraRequest, UnloadLoraRequest) if cfg.runtime_lora_updating else ()
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -207,10 +251,12 @@ def _install_openapi(app: FastAPI, model_name: str) -> None:
             ResponsesRequest,
             TokenizeRequest,
             DetokenizeRequest,
+            *lora_bodies,
         ):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(schema.pop("$defs", {}))
-            schema["properties"]["model"] = {"anyOf": [{"const": model_name}, {"type": "null"}]}
+            if "model" in schema["properties"]:
+                schema["properties"]["model"] = {"anyOf": [name, {"type": "null"}]}
             comps[model.__name__] = schema
         app.openapi_schema = doc
         return doc

@@ -15,14 +15,15 @@ A replica's own claims are its `PrefixRecord` (deployments/frontend/routing/pref
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from ray.serve.request_router import ReplicaID, RunningReplica
 
 from deployments.frontend.openai.replica import RequestContext
 
 DEFAULT_MAX_TRACKED_PREFIXES = 100_000
+_K = TypeVar("_K")
 
 
 class PrefixOwners:
@@ -32,11 +33,7 @@ class PrefixOwners:
         self._reported: dict[int, set[ReplicaID]] = {}
 
     def update_reports(self, replicas: Iterable[RunningReplica]) -> None:
-        reported: dict[int, set[ReplicaID]] = {}
-        for r in replicas:
-            for h in (r.routing_stats or {}).get("prefixes") or ():
-                reported.setdefault(int(h), set()).add(r.replica_id)
-        self._reported = reported
+        self._reported = claims(replicas, "prefixes", int)
 
     def record_routed(self, hashes: Sequence[int], replica_id: ReplicaID) -> None:
         for h in hashes:
@@ -59,6 +56,17 @@ class PrefixOwners:
             if found:
                 return depth, found
         return 0, set()
+
+
+def claims(
+    replicas: Iterable[RunningReplica], key: str, cast: Callable[[Any], _K]
+) -> dict[_K, set[ReplicaID]]:
+    """Each item the replicas report under `routing_stats[key]` -> the replicas reporting it."""
+    out: dict[_K, set[ReplicaID]] = {}
+    for r in replicas:
+        for item in (r.routing_stats or {}).get(key) or ():
+            out.setdefault(cast(item), set()).add(r.replica_id)
+    return out
 
 
 def hashes_of(kwargs: dict[str, Any] | None) -> list[int]:

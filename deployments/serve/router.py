@@ -20,6 +20,11 @@ longest prefix
 of it (deployments/serve/prefix_owners.py: replicas' `routing_stats["prefixes"]` plus this router's
 own record): holders first, the rest second, the same spill rules. Anything else goes to the
 least-loaded replica, preferring this node's (LocalityMixin).
+
+A request for a LoRA adapter (`ctx.lora_name`) without a known session owner goes to the
+replicas that hold the adapter (deployments/serve/lora_holders.py), the prefix holders among
+them first; when no live replica holds it, to anyone (that replica loads it on the request).
+A session's owner still wins: its state was made under the session's adapter.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from deployments.serve.lora_holders import LoraHolders, lora_of
 from deployments.serve.prefix_owners import DEFAULT_MAX_TRACKED_PREFIXES, PrefixOwners, hashes_of
 
 DEFAULT_MAX_TRACKED_SESSIONS = 100_000
@@ -60,6 +66,7 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         self._spill_queue_len: int | None = None
         self._max_tracked = DEFAULT_MAX_TRACKED_SESSIONS
         self._prefixes = PrefixOwners()
+        self._loras = LoraHolders()
 
     def initialize_state(
         self,
@@ -96,6 +103,7 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
                 reported.setdefault(sid, []).append((float(seen), r.replica_id))
         self._reported = reported
         self._prefixes.update_reports(replicas)
+        self._loras.update_reports(replicas)
 
     def owner_of(self, session_id: str) -> RunningReplica | None:
         """The live replica with the most recent claim on the session, if any."""
@@ -119,6 +127,9 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         hashes = hashes_of(pending_request.kwargs)
         if hashes:
             self._prefixes.record_routed(hashes, replica_id)
+        lora = lora_of(pending_request.kwargs)
+        if lora is not None:
+            self._loras.record_routed(lora, replica_id)
         sid = pending_request.metadata.session_id
         if not sid:
             return
@@ -153,7 +164,8 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         return [preferred, others]
 
     def _preferred(self, pending_request: PendingRequest | None) -> list[RunningReplica]:
-        """The session's owner, else the holders of the request's prefix, else nobody."""
+        """The session's owner, else the holders of the request's adapter (those of its
+        prefix among them first), else the holders of its prefix, else nobody."""
         if pending_request is None:
             return []
         sid = pending_request.metadata.session_id
@@ -161,7 +173,13 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         if owner is not None:
             return [owner]
         hashes = hashes_of(pending_request.kwargs)
-        return self.prefix_holders(hashes) if hashes else []
+        prefix = self.prefix_holders(hashes) if hashes else []
+        lora = lora_of(pending_request.kwargs)
+        if lora is None:
+            return prefix
+        holders = self._loras.holders(lora, self._replicas)
+        both = [r for r in prefix if r.replica_id in holders]
+        return both or [self._replicas[i] for i in holders]
 
     def _owner_saturated(self, owner: RunningReplica, others: list[RunningReplica]) -> bool:
         if self._spill_queue_len is None:

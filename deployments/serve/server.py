@@ -147,7 +147,9 @@ class LLMServer(OpenAIReplica):
             loop.start()
         replica_id = serve.get_replica_context().replica_id.to_full_id_str()
         name = served_model_name(app_args)
-        super().__init__(loop, ApiConfig(name, replica_id, app_args.request_timeout_s), images)
+        loras = tuple((app_args.lora_modules or {}).items())
+        cfg = ApiConfig(name, replica_id, app_args.request_timeout_s, loras)
+        super().__init__(loop, cfg, images)
         self.startup = startup_summary(clock.report("replica"), threads, engine)
         log.info("replica %s ready", replica_id)
 
@@ -156,13 +158,15 @@ class LLMServer(OpenAIReplica):
         await self.engine.check_health()
 
     def record_routing_stats(self) -> dict[str, Any]:
-        """Sessions this replica holds state for (session id -> last activity, epoch seconds)
-        and the prefix hashes of prompts it served (sorted ints); SessionAffinityRouter sends
-        a session's next turn, or a request with a known prefix, here. Serve re-broadcasts the
+        """Sessions this replica holds state for (session id -> last activity, epoch seconds),
+        the prefix hashes of prompts it served (sorted ints) and the LoRA adapters it holds;
+        SessionAffinityRouter sends a session's next turn, a request with a known prefix, or
+        one for an adapter held here, here. Serve re-broadcasts the
         stats only when they change: a session comes, goes or takes a turn, a prefix is new."""
         return {
             "sessions": dict(self.engine.stats().get("sessions", {})),
             "prefixes": self.prefixes.report(),
+            "loras": sorted(self.loras.paths),  # the adapters held here (lora_holders.py)
         }
 
     def __del__(self) -> None:

@@ -282,3 +282,19 @@ def test_ingress_calls_refuses_and_translates() -> None:
             assert r.status_code == 200 and fake.calls[-1] == (None, ())
 
     asyncio.run(main())
+
+
+def test_prefix_key_is_per_adapter() -> None:
+    """A LoRA adapter's prompt shares no prefix hash with the base's or another adapter's (their
+    cached states differ); the same adapter's does."""
+    msgs = [{"role": "user", "content": "x" * (3 * BLOCK_CHARS)}]
+    keys = {
+        m: chat_prefix(ChatCompletionRequest.model_validate({"model": m, "messages": msgs}))
+        for m in (None, "a", "b")
+    }
+    assert not set(keys[None]) & set(keys["a"]) and not set(keys["a"]) & set(keys["b"])
+    again = ChatCompletionRequest.model_validate({"model": "a", "messages": msgs})
+    assert chat_prefix(again) == keys["a"]
+    base = completion_prefix(CompletionRequest.model_validate({"prompt": "y" * 300}))
+    lora = completion_prefix(CompletionRequest.model_validate({"model": "a", "prompt": "y" * 300}))
+    assert not set(base) & set(lora)

@@ -73,6 +73,9 @@ class AppArgs(EngineArgs):
     `engine_niceness`: the core process's nice value. Ray starts its workers, so the replica and
     anything it spawns, at nice 15; the core moves itself here first thing
     (workers/process_priority.py: needs CAP_SYS_NICE to go lower, else it logs why it could not).
+    `runtime_lora_updating`: serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`
+    (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING; needs `enable_lora`). Off: only the YAML's
+    `lora_modules` are served, and the two routes do not exist (404).
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/serve/app.py, so a YAML sets a `deployments:` entry only to override one of them.
@@ -101,6 +104,7 @@ class AppArgs(EngineArgs):
     gil_switch_interval_ms: float = Field(0.5, gt=0, le=100)
     engine_process: bool = True
     engine_niceness: int = Field(0, ge=-20, le=19)
+    runtime_lora_updating: bool = False
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> AppArgs:
@@ -109,6 +113,8 @@ class AppArgs(EngineArgs):
                 f"min_replicas ({self.min_replicas}) must not exceed max_replicas "
                 f"({self.max_replicas})"
             )
+        if self.runtime_lora_updating and not self.enable_lora:
+            raise ValueError("runtime_lora_updating needs enable_lora=True")
         return self
 
     @property

@@ -27,6 +27,7 @@ from deployments.frontend.engine.engine_commands import (
     ResetPrefixCache,
     Stop,
     Stream,
+    UpdateLora,
     answer,
     put,
     put_all,
@@ -39,6 +40,8 @@ from deployments.frontend.engine.engine_types import (
     EngineOverloaded,
     delta_of,
     executor_error,
+    request_extras,
+    update_lora,
 )
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
@@ -71,6 +74,7 @@ class _Submitted(NamedTuple):
     prompt: list[int]
     params: SamplingParams
     images: tuple[AnyImage, ...]
+    lora_name: str | None
 
 
 class _Admission:
@@ -128,9 +132,11 @@ class AsyncEngine:
         request_id: str,
         session_id: str | None = None,
         images: Sequence[AnyImage] = (),
+        lora_name: str | None = None,
     ) -> AsyncIterator[Delta]:
         """Check the request now, then stream its deltas; the last has `finish_reason` set.
-        `images` fill the prompt's image placeholders in order (shortconv/engine/images.py).
+        `images` fill the prompt's image placeholders in order (shortconv/engine/images.py);
+        `lora_name` is the LoRA adapter the request runs under (None: the base model).
         With `params.n` > 1 the forks' deltas come interleaved, each with its `index`, until
         every fork has finished (or one failed).
 
@@ -154,7 +160,8 @@ class AsyncEngine:
         # streams start. The admission is given back exactly once: when the stream ends, or
         # when a stream that was never iterated is dropped (its generator's finalizer).
         admitted = _Admission(self, params.n)
-        request = _Submitted(request_id, list(prompt_token_ids), params, tuple(images))
+        prompt = list(prompt_token_ids)
+        request = _Submitted(request_id, prompt, params, tuple(images), lora_name)
         deltas = self._stream(request, session_id, admitted)
         weakref.finalize(deltas, admitted.release)
         return deltas
@@ -162,9 +169,9 @@ class AsyncEngine:
     async def _stream(
         self, request: _Submitted, session_id: str | None, admitted: _Admission
     ) -> AsyncIterator[Delta]:
-        rid, prompt, params, images = request
+        rid, prompt, params, images, lora_name = request
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)
-        self._command(AddRequest(rid, prompt, params, stream, images))
+        self._command(AddRequest(rid, prompt, params, stream, images, lora_name))
         left, failed = params.n, False
         try:
             while left and not failed:
@@ -196,6 +203,16 @@ class AsyncEngine:
             raise EngineDead(self._error or "the engine loop is not running")
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._command(ResetPrefixCache(fut))
+        return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
+
+    async def update_lora(self, op: str, name: str, path: str = "") -> str | None:
+        """Load (`op` "load") or unload a LoRA adapter on the loop thread, between steps; the
+        refusal's message, or None. NOTE: a load reads and checks the files there, so it
+        holds the steps for as long as that takes (a small adapter: milliseconds)."""
+        if not self.alive:
+            raise EngineDead(self._error or "the engine loop is not running")
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._command(UpdateLora(op, name, path, fut))
         return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
@@ -270,6 +287,8 @@ class AsyncEngine:
                 answer(fut, self._error or executor_error(self.engine))
             case ResetPrefixCache(reply=fut):
                 answer(fut, self.engine.flush_prefix_cache())
+            case UpdateLora(op=op, name=name, path=path, reply=fut):
+                answer(fut, update_lora(self.engine, op, name, path))
             case Stop():
                 self._fail_all("the server is shutting down")
                 return False
@@ -281,8 +300,7 @@ class AsyncEngine:
             put(stream, _final(prompt, FinishReason.ERROR, self._error))
             return
         try:
-            # NOTE: `images` only when there are some: a text-only engine need not take them.
-            extra = {"images": cmd.images} if cmd.images else {}
+            extra = request_extras(cmd.images, cmd.lora_name)
             self.engine.add_request(
                 prompt, cmd.params, request_id=rid, session_id=stream.session_id, **extra
             )

@@ -183,9 +183,11 @@ class CoreEngine:
         request_id: str | None = None,
         session_id: str | None = None,
         images: Sequence[AnyImage] = (),
+        lora_name: str | None = None,
     ) -> str:
         assert request_id is not None, "the replica names every request"
-        self._send(Add(request_id, list(prompt_token_ids), params, session_id, tuple(images)))
+        prompt = list(prompt_token_ids)
+        self._send(Add(request_id, prompt, params, session_id, tuple(images), lora_name))
         self._live[request_id] = params.n
         return request_id
 
@@ -235,6 +237,18 @@ class CoreEngine:
     def flush_prefix_cache(self) -> int:
         return int(self._call("flush_prefix_cache"))
 
+    def load_lora(self, name: str, path: str) -> None:
+        self._lora_call("load_lora", name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self._lora_call("unload_lora", name)
+
+    def _lora_call(self, call: str, *args: str) -> None:
+        """The core's refusal comes back as its message: raised here as the ValueError it was."""
+        error = self._call(call, args)
+        if error is not None:
+            raise ValueError(error)
+
     def check_health(self) -> None:
         error = self._call("health")
         if error is not None:
@@ -267,9 +281,9 @@ class CoreEngine:
         except OSError as exc:
             self._die(f"the engine core is gone ({exc})")
 
-    def _call(self, name: str) -> Any:
+    def _call(self, name: str, args: tuple[str, ...] = ()) -> Any:
         cid = next(self._calls)
-        self._send(Call(cid, name))
+        self._send(Call(cid, name, args))
         deadline = time.monotonic() + _CALL_TIMEOUT_S
         while cid not in self._replies:
             if time.monotonic() > deadline:

@@ -44,6 +44,7 @@ class Add:
     params: SamplingParams
     session_id: str | None
     images: tuple[AnyImage, ...] = ()
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,13 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Call:
-    """A call answered by `Reply(call_id, ...)`: "health" (the executor's error or None) or
-    "flush_prefix_cache" (entries dropped)."""
+    """A call answered by `Reply(call_id, ...)`: "health" (the executor's error or None),
+    "flush_prefix_cache" (entries dropped), "load_lora" (`args` name, path) or "unload_lora"
+    (`args` name): the refusal's message or None."""
 
     call_id: int
     name: str
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

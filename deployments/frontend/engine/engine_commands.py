@@ -30,6 +30,7 @@ class AddRequest:
     params: SamplingParams
     stream: Stream
     images: tuple[AnyImage, ...] = ()  # the prompt's images, in order (engine/images.py)
+    lora_name: str | None = None  # the request's LoRA adapter (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,22 @@ class ResetPrefixCache:
 
 
 @dataclass(frozen=True)
+class UpdateLora:
+    """`op` "load" (`name` from `path`) or "unload" (`name`); answered with the refusal's
+    message, or None."""
+
+    op: str
+    name: str
+    path: str
+    reply: asyncio.Future[str | None]
+
+
+@dataclass(frozen=True)
 class Stop:
     pass
 
 
-Command = AddRequest | Abort | CheckHealth | ResetPrefixCache | Stop
+Command = AddRequest | Abort | CheckHealth | ResetPrefixCache | UpdateLora | Stop
 
 
 def answer(fut: asyncio.Future[Any], value: Any) -> None:

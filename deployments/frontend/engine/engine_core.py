@@ -40,6 +40,8 @@ from deployments.frontend.engine.engine_types import (
     EngineLike,
     delta_of,
     executor_error,
+    request_extras,
+    update_lora,
 )
 from deployments.frontend.engine.metrics_relay import RelaySink
 from shortconv.engine.outputs import FinishReason
@@ -105,13 +107,16 @@ class EngineCore:
                 send(self.conn, Reply(cid, executor_error(self.engine)))
             case Call(call_id=cid, name="flush_prefix_cache"):
                 send(self.conn, Reply(cid, self.engine.flush_prefix_cache()))
+            case Call(call_id=cid, name="load_lora", args=(name, path)):
+                send(self.conn, Reply(cid, update_lora(self.engine, "load", name, path)))
+            case Call(call_id=cid, name="unload_lora", args=(name,)):
+                send(self.conn, Reply(cid, update_lora(self.engine, "unload", name, "")))
             case Shutdown():
                 raise _Stop()
 
     def _add(self, msg: Add) -> None:
         try:
-            # NOTE: `images` only when there are some: a text-only engine need not take them.
-            extra = {"images": msg.images} if msg.images else {}
+            extra = request_extras(msg.images, msg.lora_name)
             self.engine.add_request(
                 msg.prompt,
                 msg.params,

@@ -44,6 +44,7 @@ class EngineLike(Protocol):
         request_id: str | None = None,
         session_id: str | None = None,
         images: Sequence[AnyImage] = (),  # NOTE: passed only when there are some
+        lora_name: str | None = None,  # NOTE: passed only when set (request_extras)
     ) -> str: ...
     def place_images(
         self, prompt_token_ids: list[int], images: Sequence[AnyImage], n: int = 1
@@ -66,6 +67,12 @@ class EngineLike(Protocol):
     @property
     def sessions(self) -> SessionsLike:
         """Kept session state (the engine's session pins)."""
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load a PEFT adapter under `name`; ValueError (LoraError) naming what is wrong."""
+
+    def unload_lora(self, name: str) -> None:
+        """Drop the adapter `name`; ValueError when unknown or still serving requests."""
 
     def startup_reports(self) -> list[StartupReport]:
         """Each TP rank process's start-up report (none when the model runs in this one)."""
@@ -161,4 +168,27 @@ def executor_error(engine: EngineLike) -> str | None:
         engine.check_health()
     except Exception as exc:
         return f"executor health check failed: {exc}"
+    return None
+
+
+def request_extras(images: Sequence[AnyImage], lora_name: str | None) -> dict[str, Any]:
+    """`add_request`'s optional keywords, only those set: an engine without images or LoRA
+    (a text-only model, an injected fake) need not take them."""
+    extra: dict[str, Any] = {"images": images} if images else {}
+    if lora_name is not None:
+        extra["lora_name"] = lora_name
+    return extra
+
+
+def update_lora(engine: EngineLike, op: str, name: str, path: str) -> str | None:
+    """Run `load_lora` / `unload_lora` on `engine` (its own thread or process); the refusal's
+    message, or None. Only the adapter's own errors (ValueError) are answered: anything else
+    is a broken engine, raised."""
+    try:
+        if op == "load":
+            engine.load_lora(name, path)
+        else:
+            engine.unload_lora(name)
+    except ValueError as exc:
+        return str(exc)
     return None

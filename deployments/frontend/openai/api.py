@@ -22,6 +22,7 @@ from deployments.frontend.images.limits import ImageLimits
 from deployments.frontend.openai.deltas import Accumulator, by_choice, collect, merge, with_deadline
 from deployments.frontend.openai.errors import RETRY_AFTER_S, APIError
 from deployments.frontend.openai.format import Formatter, StreamUsage
+from deployments.frontend.openai.loras import LoadLoraRequest, ReplicaLoras, UnloadLoraRequest
 from deployments.frontend.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -53,6 +54,7 @@ class ApiConfig:
     model_name: str
     replica_id: str = "local"
     request_timeout_s: float = 600.0  # from queueing to the last token; then aborted
+    lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters the engine loads at start
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class _Job:
     usage: StreamUsage
     grammar_param: str = "response_format"  # the field a grammar that fails to compile names
     images: tuple[AnyImage, ...] = ()  # a chat prompt's images, in order
+    lora_name: str | None = None  # the LoRA adapter the request's `model` names
 
     def accumulators(self) -> list[Accumulator]:
         n = self.params.n
@@ -84,6 +87,7 @@ class OpenAIReplica:
         self.images = images or ChatImages(ImageLimits(), None)  # default: no images
         self.startup: dict[str, Any] = {}  # the replica's start-up report (LLMServer fills it)
         self.prefixes = PrefixRecord(MAX_RECORDED_PREFIXES)
+        self.loras = ReplicaLoras(cfg.model_name, dict(cfg.lora_modules))
         self.created = int(time.time())
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = int(engine.engine.max_model_len)
@@ -95,21 +99,21 @@ class OpenAIReplica:
 
     # ---- generation -------------------------------------------------------------------------
     async def chat(self, request: ChatCompletionRequest, ctx: RequestContext) -> Reply:
-        return await self._whole(await self._chat_job(request), ctx)
+        return await self._whole(await self._chat_job(request, ctx), ctx)
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: RequestContext
     ) -> AsyncIterator[Reply]:
-        async for reply in self._stream(await self._chat_job(request), ctx):
+        async for reply in self._stream(await self._chat_job(request, ctx), ctx):
             yield reply
 
     async def completion(self, request: CompletionRequest, ctx: RequestContext) -> Reply:
-        return await self._whole(self._completion_job(request), ctx)
+        return await self._whole(await self._completion_job(request, ctx), ctx)
 
     async def completion_stream(
         self, request: CompletionRequest, ctx: RequestContext
     ) -> AsyncIterator[Reply]:
-        async for reply in self._stream(self._completion_job(request), ctx):
+        async for reply in self._stream(await self._completion_job(request, ctx), ctx):
             yield reply
 
     # ---- the rest ---------------------------------------------------------------------------
@@ -129,7 +133,21 @@ class OpenAIReplica:
     async def models(self) -> Reply:
         card = {"id": self.cfg.model_name, "object": "model", "created": self.created}
         card.update(owned_by="shortconv-serve", max_model_len=self.max_model_len)
-        return self._reply({"object": "list", "data": [card]})
+        return self._reply({"object": "list", "data": [card, *self.loras.cards(self.created)]})
+
+    async def load_lora(self, request: LoadLoraRequest, ctx: RequestContext) -> Reply:
+        """`ctx` names the adapter for the router, which records where the load went."""
+        return self._reply(await self.loras.load(self.engine, request))
+
+    async def unload_lora(self, request: UnloadLoraRequest, ctx: RequestContext) -> Reply:
+        """`ctx` names the adapter for the router, which sends the call to its holder."""
+        return self._reply(await self.loras.unload(self.engine, request))
+
+    async def _adapter(self, model: str | None, ctx: RequestContext) -> str | None:
+        """The adapter `model` names (loaded here first on a miss, when `ctx` says where
+        from), or None for the base; a 404 for a name nobody loaded."""
+        await self.loras.ensure(self.engine, ctx.lora_name, ctx.lora_path)
+        return self.loras.adapter_for(model)
 
     async def health(self) -> Reply:
         """Pings the engine loop and every TP worker; 503 when either is unusable."""
@@ -187,7 +205,9 @@ class OpenAIReplica:
     ) -> AsyncIterator[Delta]:
         retry = {"retry-after": str(RETRY_AFTER_S)}
         try:
-            return self.engine.generate(prompt, job.params, rid, session_id, job.images)
+            return self.engine.generate(
+                prompt, job.params, rid, session_id, job.images, job.lora_name
+            )
         except GrammarError as exc:  # a schema that passed our checks but does not compile
             raise APIError(str(exc), param=job.grammar_param) from None
         except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
@@ -203,6 +223,7 @@ class OpenAIReplica:
 
     def _formatter(
         self,
+        model: str | None,
         chat: bool,
         want_logprobs: bool,
         tools: ToolPlan | None = None,
@@ -214,7 +235,7 @@ class OpenAIReplica:
         return Formatter(
             chat,
             rid,
-            self.cfg.model_name,
+            model or self.cfg.model_name,  # NOTE: an adapter's name, as vLLM answers
             self._token_text,
             want_logprobs,
             tools=tools,
@@ -227,7 +248,8 @@ class OpenAIReplica:
             return f"token_id:{tok}"
         return self.tokenizer.decode([tok], skip_special_tokens=False)
 
-    def _completion_job(self, req: CompletionRequest) -> _Job:
+    async def _completion_job(self, req: CompletionRequest, ctx: RequestContext) -> _Job:
+        lora_name = await self._adapter(req.model, ctx)
         given = req.prompts()
         prompts = [self._encode(p, i if len(given) > 1 else None) for i, p in enumerate(given)]
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
@@ -235,8 +257,8 @@ class OpenAIReplica:
         params = req.sampling(max_tokens=max_tokens, logprobs=req.logprobs, grammar=grammar)
         texts = [self._prompt_text(p) for p in given] if req.echo else []
         echo = tuple(t for t in texts for _ in range(params.n))  # one per choice
-        fmt = self._formatter(False, params.logprobs is not None, echo=echo)
-        return _Job(prompts, params, fmt, _usage(req))
+        fmt = self._formatter(req.model, False, params.logprobs is not None, echo=echo)
+        return _Job(prompts, params, fmt, _usage(req), lora_name=lora_name)
 
     def _encode(self, prompt: str | list[int], index: int | None) -> list[int]:
         where = "prompt" if index is None else f"prompt.{index}"
@@ -257,9 +279,10 @@ class OpenAIReplica:
             return "".join(self._token_text(t) for t in prompt)
         return self.tokenizer.decode(prompt, skip_special_tokens=False)
 
-    async def _chat_job(self, req: ChatCompletionRequest) -> _Job:
+    async def _chat_job(self, req: ChatCompletionRequest, ctx: RequestContext) -> _Job:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer, so no chat template", param="messages")
+        lora_name = await self._adapter(req.model, ctx)
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
         grammar, grammar_param = chat_grammar(req.response_format, tools)
         refs, tools_listed, images = req.image_refs(), req.template_tools(), ()
@@ -280,8 +303,8 @@ class OpenAIReplica:
             # NOTE: `auto` parses the model's call markers, which are special tokens.
             skip_special_tokens=tools is None or tools.mode != "auto",
         )
-        fmt = self._formatter(True, params.logprobs is not None, tools)
-        return _Job([prompt], params, fmt, _usage(req), grammar_param, images)
+        fmt = self._formatter(req.model, True, params.logprobs is not None, tools)
+        return _Job([prompt], params, fmt, _usage(req), grammar_param, images, lora_name)
 
 
 def _usage(req: ChatCompletionRequest | CompletionRequest) -> StreamUsage:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from deployments.frontend.openai.loras import LoadLoraRequest, UnloadLoraRequest
     from deployments.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
     from deployments.frontend.openai.tokenize import DetokenizeRequest, TokenizeRequest
 
@@ -28,6 +29,8 @@ class RequestContext:
 
     session_id: str | None = None
     prefix_hashes: tuple[int, ...] = ()
+    lora_name: str | None = None  # the LoRA adapter the request is for (the router's too)
+    lora_path: str | None = None  # where to load it from if this replica lacks it (or None)
 
 
 @dataclass(frozen=True)
@@ -57,3 +60,5 @@ class Replica(Protocol):
     async def health(self) -> Reply: ...
     async def stats(self) -> Reply: ...
     async def reset_prefix_cache(self) -> Reply: ...
+    async def load_lora(self, request: LoadLoraRequest, ctx: RequestContext) -> Reply: ...
+    async def unload_lora(self, request: UnloadLoraRequest, ctx: RequestContext) -> Reply: ...

@@ -34,6 +34,7 @@ from deployments.frontend.responses.images import restore, stash
 from deployments.frontend.responses.protocol import ResponsesRequest
 from deployments.frontend.responses.store import Images, Store
 from deployments.frontend.responses.stream import Event, ResponseEvents
+from deployments.frontend.routing.lora_paths import LoraPaths
 from deployments.frontend.routing.prefix_key import chat_prefix
 
 Connect = Callable[[str | None], Replica]
@@ -101,8 +102,16 @@ class ResponsesService:
     `as_error` names what a replica call raised as an APIError; the transport that `connect`
     returns knows its own failures (Ray's, for the Serve layer), so it is given here, once."""
 
-    def __init__(self, connect: Connect, store: Store, model_name: str, as_error: ErrorOf) -> None:
+    def __init__(
+        self,
+        connect: Connect,
+        store: Store,
+        model_name: str,
+        as_error: ErrorOf,
+        loras: LoraPaths | None = None,
+    ) -> None:
         self.connect, self.store, self.model_name = connect, store, model_name
+        self.loras = loras or LoraPaths()  # runtime-loaded adapters' directories (load on miss)
         self.as_error = as_error
 
     async def plan(self, req: ResponsesRequest) -> _Turn:
@@ -122,7 +131,7 @@ class ResponsesService:
         return _Turn(req, rid, int(time.time()), history + new, session, chat, images)
 
     def _replica(self, turn: _Turn) -> tuple[Replica, RequestContext]:
-        ctx = RequestContext(turn.session_id, chat_prefix(turn.chat))
+        ctx = self.loras.context(turn.session_id, chat_prefix(turn.chat), turn.chat.model)
         return self.connect(turn.session_id), ctx
 
     async def create(self, req: ResponsesRequest) -> Reply:
@@ -135,7 +144,7 @@ class ResponsesService:
         choice = reply.body["choices"][0]
         items = output_items(choice["message"])
         status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
-        body = turn.response(self.model_name, items, usage_of(reply.body.get("usage")), status)
+        body = turn.response(self._name(turn), items, usage_of(reply.body.get("usage")), status)
         await self._keep(turn, body)
         return Reply(reply.replica_id, body)
 
@@ -160,9 +169,9 @@ class ResponsesService:
     async def _events(
         self, turn: _Turn, chunks: AsyncIterator[dict[str, Any]]
     ) -> AsyncIterator[Event]:
-        finish = lambda items, usage, status: turn.response(self.model_name, items, usage, status)
+        finish = lambda items, usage, status: turn.response(self._name(turn), items, usage, status)
         events = ResponseEvents(
-            turn.response(self.model_name, [], usage_of(None), "in_progress"), finish
+            turn.response(self._name(turn), [], usage_of(None), "in_progress"), finish
         )
         stream = events.events(chunks)
         # NOTE: aclosing both: a client that disconnects cancels the replica call at once.
@@ -171,6 +180,10 @@ class ResponsesService:
                 if event["type"] in ("response.completed", "response.incomplete"):
                     await self._keep(turn, event["response"])
                 yield event
+
+    def _name(self, turn: _Turn) -> str:
+        """The model the response names: the request's LoRA adapter, else the base."""
+        return turn.request.model or self.model_name
 
     async def _keep(self, turn: _Turn, body: dict[str, Any]) -> None:
         if turn.request.store and turn.session_id is not None:

@@ -129,6 +129,7 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatC
     """The chat request serving `req` over the whole conversation `messages`."""
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body: dict[str, Any] = {"messages": system + messages, "stream": req.stream}
+    body["model"] = req.model  # a LoRA adapter's name, or None (the base)
     for name in _SAMPLING:
         body[name] = getattr(req, name)
     body["max_completion_tokens"] = req.max_output_tokens

@@ -4,7 +4,10 @@ The ingress computes it from the validated request before any tokenizer exists (
 light process with no model), so it is a key of the *text* that renders first, not of tokens:
   * chat: `tools` (rendered before the messages by chat templates), then every message in
     order, each serialized canonically (sorted keys, no spaces);
-  * completions: the prompt (a string or token ids) serialized the same way.
+  * completions: the prompt (a string or token ids) serialized the same way;
+  * a request for a LoRA adapter (`model` set: the ingress clears the base model's own name)
+    starts with the adapter's name, so no key is shared across adapters, nor with the base:
+    their cached states differ (docs/lora.md).
 That string is cut into BLOCK_CHARS blocks and hash i covers blocks 0..i (each hash folds in
 the previous one), so two requests share hash i exactly when their first i+1 blocks are equal,
 and a replica that reports hash i has seen a request with that whole prefix. A partial last
@@ -34,11 +37,15 @@ def chat_prefix(request: ChatCompletionRequest) -> tuple[int, ...]:
         [_dumps([t.model_dump(exclude_none=True) for t in request.tools])] if request.tools else []
     )
     messages = [_dumps(m.model_dump(exclude_none=True)) for m in request.messages]
-    return chain_hashes("\n".join(tools + messages))
+    return chain_hashes(_adapter(request) + "\n".join(tools + messages))
 
 
 def completion_prefix(request: CompletionRequest) -> tuple[int, ...]:
-    return chain_hashes(_dumps(request.prompt))
+    return chain_hashes(_adapter(request) + _dumps(request.prompt))
+
+
+def _adapter(request: ChatCompletionRequest | CompletionRequest) -> str:
+    return "" if request.model is None else f"lora:{_dumps(request.model)}\n"
 
 
 def chain_hashes(

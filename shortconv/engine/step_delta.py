@@ -27,6 +27,7 @@ class RowFlag:
     TABLES = 2  # some block table changed (pages appended, released behind a window, cut)
     SAMPLING = 4  # the row samples its own token(s)
     IMAGES = 8  # image slices for this chunk (one object)
+    DRAFT_PROBS = 16  # a verify row's draft distribution q (one object: a [k, V] tensor)
 
 
 class SampleFlag:

@@ -76,6 +76,7 @@ class PersistentBatch:
             )
         checkpoints = _pairs(ints.get_seq())
         images: tuple[ImageSlice, ...] = d.object() if flags & RowFlag.IMAGES else ()
+        draft_probs = d.object() if flags & RowFlag.DRAFT_PROBS else None
         rows: list[SamplingRow] = []
         if flags & RowFlag.SAMPLING:
             rows = [_sample(state.sample, d) for _ in range(ints.get() + 1)]
@@ -95,6 +96,7 @@ class PersistentBatch:
             images=images,
             fork_rows=tuple(forks),
             draft_rows=tuple(rows[:-1]),
+            draft_probs=draft_probs,
         )
 
 

@@ -69,6 +69,7 @@ class StepDeltaEncoder:
             | (RowFlag.SAMPLING if chunk.sampling is not None else 0)
             | (RowFlag.IMAGES if chunk.images else 0)
             | (RowFlag.LORA if chunk.lora_slot != state.lora_slot else 0)
+            | (RowFlag.DRAFT_PROBS if chunk.draft_probs is not None else 0)
         )
         ints.put(flags, chunk.start_pos)
         ints.put_seq(chunk.token_ids)
@@ -83,6 +84,8 @@ class StepDeltaEncoder:
         ints.put_seq(list(chain.from_iterable(chunk.checkpoints)))
         if flags & RowFlag.IMAGES:
             msg.objects.append(chunk.images)
+        if flags & RowFlag.DRAFT_PROBS:
+            msg.objects.append(chunk.draft_probs)
         if chunk.sampling is not None:
             ints.put(chunk.num_draft)
             for row in (*chunk.draft_rows, chunk.sampling):

@@ -20,6 +20,7 @@ from shortconv.errors import ConfigError
 from shortconv.execution.parallel import SINGLE
 from shortconv.execution.runner import ModelRunner
 from shortconv.execution.worker_spec import Capacity, WorkerSpec
+from shortconv.sampling.draft_sampler import DraftSampler
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,10 @@ def build_draft_proposer(
         draft_cfg.num_layers,
     )
     eng = target.engine_cfg
+    runner, sampler = ModelRunner(spec, SINGLE), DraftSampler()
+    runner.sampler = sampler  # bound once: the proposer reads q of every draw from it
     return DraftProposer(
-        ModelRunner(spec, SINGLE), spec.capacity, eng.kv_page_size, eng.max_num_batched_tokens
+        runner, sampler, spec.capacity, eng.kv_page_size, eng.max_num_batched_tokens
     )
 
 

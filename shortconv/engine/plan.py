@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shortconv.engine.images import EncoderInput, ImageSlice
 from shortconv.sampling.sampler import SamplingRow
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,10 @@ class SeqChunk:
     # sampling row per position before the last (`sampling` is the last's), each drawn as if
     # the proposals before it had been accepted (engine.speculation).
     draft_rows: tuple[SamplingRow, ...] = ()
+    # The draft model's distribution q [k, V] its sampled proposals came from (a request
+    # with temperature > 0): the row is verified by rejection sampling against it. None:
+    # one-hot proposals (n-gram, a greedy draft), verified by one draw per position.
+    draft_probs: torch.Tensor | None = None
     # The LoRA adapter slot every token of this chunk uses (-1: the base model alone).
     lora_slot: int = -1
 

@@ -292,6 +292,7 @@ class Scheduler:
             checkpoints=tuple((j, req.spec_slots[j - 1]) for j in range(1, k + 1)),
             window_tables=tuple(tuple(t) for t in req.window_pages),
             draft_rows=tuple(rows[:k]),
+            draft_probs=self.speculator.draft_probs(req, k),
             lora_slot=req.lora_slot,
         )
 

@@ -22,6 +22,8 @@ from shortconv.engine.request import Request
 from shortconv.engine.spec_policy import observe, request_allows, step_allows
 
 if TYPE_CHECKING:
+    import torch
+
     from shortconv.engine.draft_proposer import DraftProposer
 
 
@@ -94,6 +96,10 @@ class Speculator:
             return self.draft.propose(req, k)
         ids = req.all_token_ids
         return propose_ngram(ids, k, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+
+    def draft_probs(self, req: Request, k: int) -> torch.Tensor | None:
+        """q [k, V] of the k proposals `propose` gave req, when its draft sampled them."""
+        return self.draft.probs(req, k) if self.draft is not None else None
 
     def accept(self, req: Request, draft: Sequence[int], drawn: Sequence[int]) -> int:
         """Tokens the verify row yields: the accepted proposals (each equal to the token drawn

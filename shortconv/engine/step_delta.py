@@ -28,6 +28,7 @@ class RowFlag:
     SAMPLING = 4  # the row samples its own token(s)
     IMAGES = 8  # image slices for this chunk (one object)
     LORA = 16  # the row's LoRA adapter slot changed (a request's first row with an adapter)
+    DRAFT_PROBS = 32  # a verify row's draft distribution q (one object: a [k, V] tensor)
 
 
 class SampleFlag:

@@ -78,6 +78,7 @@ class PersistentBatch:
             )
         checkpoints = _pairs(ints.get_seq())
         images: tuple[ImageSlice, ...] = d.object() if flags & RowFlag.IMAGES else ()
+        draft_probs = d.object() if flags & RowFlag.DRAFT_PROBS else None
         rows: list[SamplingRow] = []
         if flags & RowFlag.SAMPLING:
             rows = [_sample(state.sample, d) for _ in range(ints.get() + 1)]
@@ -98,6 +99,7 @@ class PersistentBatch:
             fork_rows=tuple(forks),
             draft_rows=tuple(rows[:-1]),
             lora_slot=state.lora_slot,
+            draft_probs=draft_probs,
         )
 
 

@@ -34,6 +34,7 @@ from shortconv.models.build import build_model
 from shortconv.models.loader import iter_checkpoint
 from shortconv.models.registry import model_class
 from shortconv.sampling.sampler import Sampler
+from shortconv.sampling.verify_step import DraftVerify, sample_step
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden_rows)
         if self.tp.rank != 0:
             return None
-        out = self.sampler(_per_sample(logits, plan), [row for _, row in samples])
+        rows = [row for _, row in samples]
+        out = sample_step(self.sampler, _per_sample(logits, plan), rows, _draft_verifies(plan))
         ids = tuple(rid for rid, _ in samples)
         tokens, logprobs, tops = tuple(out.token_ids), tuple(out.logprobs), tuple(out.top_logprobs)
         return StepResult(plan.step_id, ids, tokens, logprobs, tops, used_graph, encoder_s)
@@ -221,6 +223,16 @@ def _per_sample(logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         return logits
     rows = [i for i, c in enumerate(counts) for _ in range(c)]
     return logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
+
+
+def _draft_verifies(plan: StepPlan) -> list[DraftVerify]:
+    """The verify rows that carry a draft distribution, by their first sample's index."""
+    out, at = [], 0
+    for s in plan.seqs:
+        if s.draft_probs is not None:
+            out.append(DraftVerify(at, s.token_ids[s.num_tokens - s.num_draft :], s.draft_probs))
+        at += len(s.samples)
+    return out
 
 
 def _repeats(chunk: SeqChunk) -> list[int]:

@@ -103,18 +103,22 @@ class Sampler:
         if not lp_rows:
             return SamplerOutput(tokens.tolist(), [None] * batch, [None] * batch)
         raw = x if masked is logits else logits.float()
-        return _with_logprobs(raw, tokens, want, lp_rows)
+        return with_logprobs(raw, tokens, want, lp_rows)
 
 
 def _sample(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Draw one token per row of fp32 logits `x` [R, V] (all rows non-greedy); returns [R]."""
-    probs = target_probs(x, rows)
+    return race(target_probs(x, rows), rows)
+
+
+def race(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """One seeded draw per row of `probs` [R, V] (unnormalised is fine); returns [R]."""
     # Exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) picks i with probability
     # p_i / sum(p). Noise depends only on (seed, step, V), never on batch position, so a
     # request reproduces its tokens after preemption or on another replica. One generator is
     # reseeded per row; manual_seed resets its state fully, so this equals a fresh one per row.
     noise = torch.empty_like(probs)
-    gen = torch.Generator(device=x.device)
+    gen = torch.Generator(device=probs.device)
     for i, row in enumerate(rows):
         gen.manual_seed(draw_seed(row.seed, row.step))
         noise[i].exponential_(generator=gen)
@@ -175,7 +179,7 @@ def target_probs(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     return probs
 
 
-def _with_logprobs(
+def with_logprobs(
     x: torch.Tensor, tokens: torch.Tensor, want: list[int | None], lp_rows: list[int]
 ) -> SamplerOutput:
     """Attach raw-distribution logprobs, packing everything into one tensor for one transfer."""

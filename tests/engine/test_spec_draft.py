@@ -170,12 +170,18 @@ def test_preemption_and_resume(ckpts: dict[str, Path]) -> None:
 
 
 def test_forks_each_draft_on_their_own_state(ckpts: dict[str, Path]) -> None:
+    """Greedy n = 3 equals speculation off; seeded n = 3 (sampled proposals, rejection
+    sampling: a different draw than speculation off, the same law) reproduces itself, with
+    forks that differ."""
+    greedy = replace(GREEDY, n=3, max_tokens=30)
     params = SamplingParams(temperature=0.7, seed=3, n=3, max_tokens=30, ignore_eos=True)
     target = ckpts["lfm2"]
     eng = engine(target, draft_spec(ckpts["lfm2_cut"]))
-    want = run_forks(engine(target, None), PROMPTS[0], params)
-    assert run_forks(eng, PROMPTS[0], params) == want
-    assert len(set(map(tuple, want))) > 1
+    assert run_forks(eng, PROMPTS[0], greedy) == run_forks(engine(target, None), PROMPTS[0], greedy)
+    sampled = run_forks(eng, PROMPTS[0], params)
+    again = engine(target, draft_spec(ckpts["lfm2_cut"]))
+    assert run_forks(again, PROMPTS[0], params) == sampled
+    assert len(set(map(tuple, sampled))) > 1
     assert_accepts_and_rejects(eng)
     assert_all_freed(eng)
 

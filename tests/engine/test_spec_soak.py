@@ -69,6 +69,13 @@ def test_soak_leaves_nothing_held(method: str, tmp_path: Path) -> None:
     eng = engine(target, spec, **KW)
     ours = soak(eng)
     ref = soak(engine(target, None, **KW))
+    if method == "draft_model":
+        # a sampled request's draft samples its proposals: the same law as speculation off,
+        # not the same draw; its greedy requests stay token-identical
+        sampled = {f"r{i}" for i in range(24) if mixed(i)[1].temperature > 0}
+        ours = {rid: t for rid, t in ours.items() if rid not in sampled}
+        ref = {rid: t for rid, t in ref.items() if rid not in sampled}
+        assert ours
     assert ours == ref
     s = eng.stats()
     assert 0 < s.spec_decode_num_accepted_tokens < s.spec_decode_num_draft_tokens

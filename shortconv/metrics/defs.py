@@ -123,7 +123,8 @@ METRICS: tuple[MetricDef, ...] = (
         "weight_bytes",
         "engine.weight_bytes_by_dtype",
         "Weight bytes of TP rank 0 (the replica with tp_size 1) by storage dtype, from start-up "
-        "(int8 with quantization int8: the weights and their scales).",
+        "(int8 with quantization int8: the weights and their scales; int4 with int4: the codes, "
+        "scales and mins).",
         "dtype",
     ),
     _m(

@@ -19,14 +19,16 @@
 // rows: 12 accumulators, 3 x vectors and a weight vector fill AVX2's 16 registers. Every
 // output is its own row's sums in one fixed order, so a row's result does not depend on the
 // batch or the thread count. Compiled with -mavx2 -mfma (no -march=native), one build for every
-// AVX2 machine; Python checks the CPU before loading it and holds the float64 references
-// (shortconv/kernels/cpu_gemm.py).
+// AVX2 machine; the fp32 tiles' AVX-512 twins are compiled per function (target attribute) and
+// taken at load where the CPU has AVX-512F. Python checks the CPU before loading it and holds
+// the float64 references (shortconv/kernels/cpu_gemm.py).
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -75,6 +77,8 @@ inline void tile_f32(const F32Row* rows, int64_t K, const float* x, int64_t ldx,
       y[m * ldy + r] = s;
     }
 }
+
+#include "cpu_gemm_f32_512.inc"  // the fp32 tiles' AVX-512 twins, and the choice of ISA
 
 struct Q8Row {
   const int8_t* q;
@@ -223,11 +227,32 @@ at::Tensor gemm_f32(const at::Tensor& x_in, const at::Tensor& w_in,
   for_tiles(N, K, 4, [&](int64_t n0, int64_t nr) {
     F32Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = F32Row{wp + (n0 + r) * K};
+    if (g_isa == Isa::kAvx512) {
+      run_tile(
+          rows, nr, n0,
+          [&](const F32Row* rs, int64_t n) { f32_rows_512<kRows>(rs, K, xp, M, yp + n, N); },
+          [&](const F32Row* rs, int64_t n) { f32_rows_512<1>(rs, K, xp, M, yp + n, N); });
+      return;
+    }
     run_tile(
         rows, nr, n0, [&](const F32Row* rs, int64_t n) { f32_rows<kRows>(rs, K, xp, M, yp + n, N); },
         [&](const F32Row* rs, int64_t n) { f32_rows<1>(rs, K, xp, M, yp + n, N); });
   });
   return finish(y, bias);
+}
+
+// "avx2" or "avx512" pins the tiles (refused where the CPU lacks it); "" keeps the choice.
+// Returns the ISA in use.
+std::string set_isa(const std::string& want) {
+  if (want == "avx2") {
+    g_isa = Isa::kAvx2;
+  } else if (want == "avx512") {
+    TORCH_CHECK(detect_isa() == Isa::kAvx512, "this CPU has no AVX-512F");
+    g_isa = Isa::kAvx512;
+  } else {
+    TORCH_CHECK(want.empty(), "isa must be 'avx2', 'avx512' or '', got '", want, "'");
+  }
+  return g_isa == Isa::kAvx512 ? "avx512" : "avx2";
 }
 
 at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Tensor& s_in,
@@ -265,6 +290,7 @@ TORCH_LIBRARY(shortconv_cpu, m) {
   m.def("gemm_f32(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("gemm_q8(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
   m.def("gemm_q4(Tensor x, Tensor q, Tensor scale, Tensor min, Tensor? bias) -> Tensor");
+  m.def("set_isa(str want) -> str", TORCH_FN(set_isa));
 }
 
 TORCH_LIBRARY_IMPL(shortconv_cpu, CPU, m) {

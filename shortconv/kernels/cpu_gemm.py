@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 Q8_BLOCK = 32  # weights per scale
 SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
-# Sources the build reads (cpu_gemm.cpp includes the q4 kernel): all of them key the cache.
-SOURCES = (SOURCE, SOURCE.with_name("cpu_gemm_q4.inc"))
+# Sources the build reads (cpu_gemm.cpp includes the q4 kernel and the AVX-512 fp32 tiles): all
+# of them key the cache.
+SOURCES = (SOURCE, SOURCE.with_name("cpu_gemm_q4.inc"), SOURCE.with_name("cpu_gemm_f32_512.inc"))
 _LOCK = threading.Lock()
 _STATE: dict[str, str | None] = {}  # "error": why the kernels are unavailable, None once loaded
 
@@ -111,6 +112,12 @@ def gemm_f32(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tor
 
 def gemm_q8(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.shortconv_cpu.gemm_q8(x, qw.q, qw.scale, bias)
+
+
+def set_isa(want: str = "") -> str:
+    """The fp32 tiles in use, "avx2" or "avx512" (AVX-512 where the CPU has it, chosen when
+    the library loads); `want` pins one for this process (tests and benchmarks compare them)."""
+    return str(torch.ops.shortconv_cpu.set_isa(want))
 
 
 def cpu_has_avx2_fma() -> bool:

@@ -1,4 +1,4 @@
-"""The AVX2 small-batch GEMMs (shortconv/kernels/cpu_gemm.cpp) against their float64 refs."""
+"""The AVX2 and AVX-512 small-batch GEMMs (kernels/cpu_gemm.cpp) against their float64 refs."""
 
 from __future__ import annotations
 
@@ -23,15 +23,42 @@ def kernels() -> None:
     assert cg.loaded()
 
 
+def _has_avx512() -> bool:
+    try:
+        flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return "avx512f" in flags
+
+
+NO_AVX512 = pytest.mark.skipif(not _has_avx512(), reason="no AVX-512F")
+ISAS = ["avx2", pytest.param("avx512", marks=NO_AVX512)]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request: pytest.FixtureRequest):  # noqa: ANN201 - a generator fixture
+    """Runs the test on each fp32 tile set this CPU has, then restores the load-time choice."""
+    before = cg.set_isa()
+    assert cg.set_isa(request.param) == request.param
+    yield request.param
+    cg.set_isa(before)
+
+
+def test_the_load_time_choice_is_the_widest_the_cpu_has() -> None:
+    assert cg.set_isa() == ("avx512" if _has_avx512() else "avx2")
+    with pytest.raises(RuntimeError, match="isa must be"):
+        cg.set_isa("sse")
+
+
 def _close(y: torch.Tensor, ref: torch.Tensor, k: int) -> None:
     # fp32 sums of k products in a different order than float64's: error grows like sqrt(k).
     tol = 2e-6 * (k**0.5) * max(1.0, ref.abs().max().item())
     assert (y - ref).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 16, 17])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17])
 @pytest.mark.parametrize("n,k", [(4, 8), (13, 100), (64, 1024), (130, 37)])
-def test_f32_equals_ref(m: int, n: int, k: int) -> None:
+def test_f32_equals_ref(m: int, n: int, k: int, isa: str) -> None:
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     bias = torch.randn(n, generator=g) if n % 2 else None
@@ -66,7 +93,7 @@ def test_quantize_q8_rounds_each_block_to_its_own_scale() -> None:
 
 
 @pytest.mark.parametrize("kind", ["f32", "q8"])
-def test_a_row_alone_equals_the_row_in_a_batch(kind: str) -> None:
+def test_a_row_alone_equals_the_row_in_a_batch(kind: str, isa: str) -> None:
     """Each output is one row's own sums in a fixed order: batch and tile position do not
     change a bit of it (so a request's tokens do not depend on its batch)."""
     g = torch.Generator().manual_seed(1)
@@ -82,7 +109,7 @@ def test_a_row_alone_equals_the_row_in_a_batch(kind: str) -> None:
     assert torch.equal(run(x[3:8]), full[3:8])
 
 
-def test_thread_count_does_not_change_the_result() -> None:
+def test_thread_count_does_not_change_the_result(isa: str) -> None:
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(3, 512, generator=g), torch.randn(4099, 512, generator=g)
     before = torch.get_num_threads()

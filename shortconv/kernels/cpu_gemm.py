@@ -116,7 +116,8 @@ def gemm_q8(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.T
 
 def set_isa(want: str = "") -> str:
     """The fp32 tiles in use, "avx2" or "avx512" (AVX-512 where the CPU has it, chosen when
-    the library loads); `want` pins one for this process (tests and benchmarks compare them)."""
+    the library loads, unless `SHORTCONV_CPU_GEMM_ISA` names one); `want` pins one for this
+    process (tests and benchmarks compare them)."""
     return str(torch.ops.shortconv_cpu.set_isa(want))
 
 
@@ -207,6 +208,8 @@ def load() -> str | None:
                     log.info("building the CPU GEMM kernels into %s (once)", path)
                     _build(path)
                 torch.ops.load_library(str(path))
+                # An operator's pin (and the benchmarks' A/B): the AVX2 tiles on an AVX-512 CPU.
+                set_isa(os.environ.get("SHORTCONV_CPU_GEMM_ISA", ""))
             except (RuntimeError, OSError) as exc:
                 error = f"build or load failed: {exc}"
         if error is not None:

@@ -143,3 +143,17 @@ def test_a_new_source_builds_a_new_library(tmp_path, monkeypatch) -> None:
     assert first.parent == tmp_path / "kernels"
     monkeypatch.setattr(cg.torch, "__version__", "0.0.0-other")
     assert cg.library_path() != first
+
+
+def test_the_environment_pins_the_avx2_tiles() -> None:
+    """SHORTCONV_CPU_GEMM_ISA=avx2 at load keeps the AVX2 tiles on an AVX-512 CPU (a fresh
+    process: the choice is made once, when the library loads)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from shortconv.kernels import cpu_gemm as c\nc.load()\nprint(c.set_isa())"
+    env = {**os.environ, "SHORTCONV_CPU_GEMM_ISA": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "avx2"

@@ -19,8 +19,8 @@
 // rows: 12 accumulators, 3 x vectors and a weight vector fill AVX2's 16 registers. Every
 // output is its own row's sums in one fixed order, so a row's result does not depend on the
 // batch or the thread count. Compiled with -mavx2 -mfma (no -march=native), one build for every
-// AVX2 machine; the fp32 tiles' AVX-512 twins are compiled per function (target attribute) and
-// taken at load where the CPU has AVX-512F. Python checks the CPU before loading it and holds
+// AVX2 machine; the fp32 and q8 tiles' AVX-512 twins are compiled per function (target
+// attribute) and taken at load where the CPU has AVX-512F and BW. Python checks the CPU before loading it and holds
 // the float64 references (shortconv/kernels/cpu_gemm.py).
 
 #include <immintrin.h>
@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -142,6 +143,8 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
     for (int m = 0; m < MR; ++m) y[m * ldy + r] = hsum(acc[r][m]);
 }
 
+#include "cpu_gemm_q8_512.inc"  // the q8 tiles' AVX-512 twins
+
 // R weight rows against every row of x, kMaxMR x rows at a time.
 template <int R>
 inline void f32_rows(const F32Row* rows, int64_t K, const float* x, int64_t M, float* y,
@@ -192,13 +195,14 @@ void for_tiles(int64_t N, int64_t K, int64_t weight_bytes, const Body& body) {
   });
 }
 
-// Calls rows_fn<kRows>(rows) for a whole tile, rows_fn<1> per row for the last, short one.
-template <typename Row, typename Fn4, typename Fn1>
-inline void run_tile(const Row* rows, int64_t nr, int64_t n0, const Fn4& fn4, const Fn1& fn1) {
+// Calls fn(rows_count, rows, n0) with rows_count an std::integral_constant: kRows for a whole
+// tile, 1 per row for the last, short one (so fn instantiates its row templates for both).
+template <typename Row, typename Fn>
+inline void run_tile(const Row* rows, int64_t nr, int64_t n0, const Fn& fn) {
   if (nr == kRows) {
-    fn4(rows, n0);
+    fn(std::integral_constant<int, kRows>{}, rows, n0);
   } else {
-    for (int64_t r = 0; r < nr; ++r) fn1(rows + r, n0 + r);
+    for (int64_t r = 0; r < nr; ++r) fn(std::integral_constant<int, 1>{}, rows + r, n0 + r);
   }
 }
 
@@ -227,16 +231,13 @@ at::Tensor gemm_f32(const at::Tensor& x_in, const at::Tensor& w_in,
   for_tiles(N, K, 4, [&](int64_t n0, int64_t nr) {
     F32Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = F32Row{wp + (n0 + r) * K};
-    if (g_isa == Isa::kAvx512) {
-      run_tile(
-          rows, nr, n0,
-          [&](const F32Row* rs, int64_t n) { f32_rows_512<kRows>(rs, K, xp, M, yp + n, N); },
-          [&](const F32Row* rs, int64_t n) { f32_rows_512<1>(rs, K, xp, M, yp + n, N); });
-      return;
-    }
-    run_tile(
-        rows, nr, n0, [&](const F32Row* rs, int64_t n) { f32_rows<kRows>(rs, K, xp, M, yp + n, N); },
-        [&](const F32Row* rs, int64_t n) { f32_rows<1>(rs, K, xp, M, yp + n, N); });
+    run_tile(rows, nr, n0, [&](auto R, const F32Row* rs, int64_t n) {
+      if (g_isa == Isa::kAvx512) {
+        f32_rows_512<R>(rs, K, xp, M, yp + n, N);
+      } else {
+        f32_rows<R>(rs, K, xp, M, yp + n, N);
+      }
+    });
   });
   return finish(y, bias);
 }
@@ -247,7 +248,7 @@ std::string set_isa(const std::string& want) {
   if (want == "avx2") {
     g_isa = Isa::kAvx2;
   } else if (want == "avx512") {
-    TORCH_CHECK(detect_isa() == Isa::kAvx512, "this CPU has no AVX-512F");
+    TORCH_CHECK(detect_isa() == Isa::kAvx512, "this CPU has no AVX-512F and BW");
     g_isa = Isa::kAvx512;
   } else {
     TORCH_CHECK(want.empty(), "isa must be 'avx2', 'avx512' or '', got '", want, "'");
@@ -275,9 +276,13 @@ at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Ten
   for_tiles(N, K, 1, [&](int64_t n0, int64_t nr) {
     Q8Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = Q8Row{qp + (n0 + r) * K, sp + (n0 + r) * nb};
-    run_tile(
-        rows, nr, n0, [&](const Q8Row* rs, int64_t n) { q8_rows<kRows>(rs, K, x16, M, yp + n, N); },
-        [&](const Q8Row* rs, int64_t n) { q8_rows<1>(rs, K, x16, M, yp + n, N); });
+    run_tile(rows, nr, n0, [&](auto R, const Q8Row* rs, int64_t n) {
+      if (g_isa == Isa::kAvx512) {
+        q8_rows_512<R>(rs, K, x16, M, yp + n, N);
+      } else {
+        q8_rows<R>(rs, K, x16, M, yp + n, N);
+      }
+    });
   });
   return finish(y, bias);
 }

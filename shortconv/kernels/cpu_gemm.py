@@ -30,9 +30,11 @@ log = logging.getLogger(__name__)
 
 Q8_BLOCK = 32  # weights per scale
 SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
-# Sources the build reads (cpu_gemm.cpp includes the q4 kernel and the AVX-512 fp32 tiles): all
-# of them key the cache.
-SOURCES = (SOURCE, SOURCE.with_name("cpu_gemm_q4.inc"), SOURCE.with_name("cpu_gemm_f32_512.inc"))
+# Sources the build reads (cpu_gemm.cpp includes the q4 kernel and the AVX-512 fp32 and q8
+# tiles): all of them key the cache.
+SOURCES = (SOURCE,) + tuple(
+    SOURCE.with_name(f"cpu_gemm_{part}.inc") for part in ("q4", "f32_512", "q8_512")
+)
 _LOCK = threading.Lock()
 _STATE: dict[str, str | None] = {}  # "error": why the kernels are unavailable, None once loaded
 
@@ -115,9 +117,9 @@ def gemm_q8(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.T
 
 
 def set_isa(want: str = "") -> str:
-    """The fp32 tiles in use, "avx2" or "avx512" (AVX-512 where the CPU has it, chosen when
-    the library loads, unless `SHORTCONV_CPU_GEMM_ISA` names one); `want` pins one for this
-    process (tests and benchmarks compare them)."""
+    """The fp32 and q8 tiles in use, "avx2" or "avx512" (AVX-512F and BW where the CPU has
+    them, chosen when the library loads, unless `SHORTCONV_CPU_GEMM_ISA` names one); `want`
+    pins one for this process (tests and benchmarks compare them)."""
     return str(torch.ops.shortconv_cpu.set_isa(want))
 
 

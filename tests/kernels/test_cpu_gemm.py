@@ -28,16 +28,17 @@ def _has_avx512() -> bool:
         flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
     except (OSError, StopIteration):
         return False
-    return "avx512f" in flags
+    return "avx512f" in flags and "avx512bw" in flags
 
 
-NO_AVX512 = pytest.mark.skipif(not _has_avx512(), reason="no AVX-512F")
+NO_AVX512 = pytest.mark.skipif(not _has_avx512(), reason="no AVX-512F and BW")
 ISAS = ["avx2", pytest.param("avx512", marks=NO_AVX512)]
 
 
 @pytest.fixture(params=ISAS)
 def isa(request: pytest.FixtureRequest):  # noqa: ANN201 - a generator fixture
-    """Runs the test on each fp32 tile set this CPU has, then restores the load-time choice."""
+    """Runs the test on each tile set (fp32 and q8) this CPU has, then restores the load-time
+    choice."""
     before = cg.set_isa()
     assert cg.set_isa(request.param) == request.param
     yield request.param
@@ -67,9 +68,9 @@ def test_f32_equals_ref(m: int, n: int, k: int, isa: str) -> None:
     _close(y, cg.gemm_f32_ref(x, w, bias), k)
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 16])
 @pytest.mark.parametrize("n,k", [(5, 32), (64, 1024), (129, 96)])
-def test_q8_equals_ref(m: int, n: int, k: int) -> None:
+def test_q8_equals_ref(m: int, n: int, k: int, isa: str) -> None:
     g = torch.Generator().manual_seed(m * 7 + n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     qw = cg.quantize_q8(w)
@@ -109,15 +110,21 @@ def test_a_row_alone_equals_the_row_in_a_batch(kind: str, isa: str) -> None:
     assert torch.equal(run(x[3:8]), full[3:8])
 
 
-def test_thread_count_does_not_change_the_result(isa: str) -> None:
+@pytest.mark.parametrize("kind", ["f32", "q8"])
+def test_thread_count_does_not_change_the_result(kind: str, isa: str) -> None:
     g = torch.Generator().manual_seed(2)
-    x, w = torch.randn(3, 512, generator=g), torch.randn(4099, 512, generator=g)
+    x, w = torch.randn(5, 512, generator=g), torch.randn(4099, 512, generator=g)
+    qw = cg.quantize_q8(w)
+
+    def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return cg.gemm_f32(x, w, None) if kind == "f32" else cg.gemm_q8(x, qw, None)
+
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = cg.gemm_f32(x, w, None)
+        one = run(x, w)
         torch.set_num_threads(2)
-        two = cg.gemm_f32(x, w, None)
+        two = run(x, w)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)

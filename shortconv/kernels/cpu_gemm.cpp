@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -273,12 +274,13 @@ at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Ten
   const float *sp = s.data_ptr<float>(), *xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const X16 x16 = quantize_x16(xp, M, K);
+  const X16Pairs x16p = g_isa == Isa::kAvx512 ? pair_blocks(x16, M, K) : X16Pairs{};
   for_tiles(N, K, 1, [&](int64_t n0, int64_t nr) {
     Q8Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = Q8Row{qp + (n0 + r) * K, sp + (n0 + r) * nb};
     run_tile(rows, nr, n0, [&](auto R, const Q8Row* rs, int64_t n) {
       if (g_isa == Isa::kAvx512) {
-        q8_rows_512<R>(rs, K, x16, M, yp + n, N);
+        q8_rows_512<R>(rs, K, x16p, M, yp + n, N);
       } else {
         q8_rows<R>(rs, K, x16, M, yp + n, N);
       }

@@ -30,10 +30,10 @@ log = logging.getLogger(__name__)
 
 Q8_BLOCK = 32  # weights per scale
 SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
-# Sources the build reads (cpu_gemm.cpp includes the q4 kernel and the AVX-512 fp32 and q8
+# Sources the build reads (cpu_gemm.cpp includes the q4 kernel and the AVX-512 fp32, q8 and q4
 # tiles): all of them key the cache.
 SOURCES = (SOURCE,) + tuple(
-    SOURCE.with_name(f"cpu_gemm_{part}.inc") for part in ("q4", "f32_512", "q8_512")
+    SOURCE.with_name(f"cpu_gemm_{part}.inc") for part in ("q4", "f32_512", "q8_512", "q4_512")
 )
 _LOCK = threading.Lock()
 _STATE: dict[str, str | None] = {}  # "error": why the kernels are unavailable, None once loaded
@@ -117,19 +117,30 @@ def gemm_q8(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.T
 
 
 def set_isa(want: str = "") -> str:
-    """The fp32 and q8 tiles in use, "avx2" or "avx512" (AVX-512F and BW where the CPU has
+    """The fp32, q8 and q4 tiles in use, "avx2" or "avx512" (AVX-512F and BW where the CPU has
     them, chosen when the library loads, unless `SHORTCONV_CPU_GEMM_ISA` names one); `want`
     pins one for this process (tests and benchmarks compare them)."""
     return str(torch.ops.shortconv_cpu.set_isa(want))
 
 
-def cpu_has_avx2_fma() -> bool:
-    """Linux x86: both flags in /proc/cpuinfo (the build targets exactly these)."""
+def cpu_flags() -> frozenset[str]:
+    """Linux x86: the CPU's flags in /proc/cpuinfo (empty elsewhere)."""
     try:
-        flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
+        line = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags"))
     except (OSError, StopIteration):
-        return False
-    return "avx2" in flags and "fma" in flags
+        return frozenset()
+    return frozenset(line.split(":", 1)[-1].split())
+
+
+def cpu_has_avx2_fma() -> bool:
+    """Both flags (the build targets exactly these)."""
+    return {"avx2", "fma"} <= cpu_flags()
+
+
+def cpu_has_avx512() -> bool:
+    """The flags the AVX-512 tiles need (fp32: F; q8 and q4: BW); the library's load-time
+    choice (`set_isa()`) follows the same two."""
+    return {"avx512f", "avx512bw"} <= cpu_flags()
 
 
 def cache_root() -> Path:

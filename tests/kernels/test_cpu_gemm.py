@@ -23,30 +23,8 @@ def kernels() -> None:
     assert cg.loaded()
 
 
-def _has_avx512() -> bool:
-    try:
-        flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return False
-    return "avx512f" in flags and "avx512bw" in flags
-
-
-NO_AVX512 = pytest.mark.skipif(not _has_avx512(), reason="no AVX-512F and BW")
-ISAS = ["avx2", pytest.param("avx512", marks=NO_AVX512)]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request: pytest.FixtureRequest):  # noqa: ANN201 - a generator fixture
-    """Runs the test on each tile set (fp32 and q8) this CPU has, then restores the load-time
-    choice."""
-    before = cg.set_isa()
-    assert cg.set_isa(request.param) == request.param
-    yield request.param
-    cg.set_isa(before)
-
-
 def test_the_load_time_choice_is_the_widest_the_cpu_has() -> None:
-    assert cg.set_isa() == ("avx512" if _has_avx512() else "avx2")
+    assert cg.set_isa() == ("avx512" if cg.cpu_has_avx512() else "avx2")
     with pytest.raises(RuntimeError, match="isa must be"):
         cg.set_isa("sse")
 

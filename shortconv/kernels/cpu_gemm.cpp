@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -90,22 +91,28 @@ struct Q8Row {
 // x rows as int16 with one scale per 32 values (xq * xs ~= x; the largest magnitude of a block
 // maps to 32767, so the rounding is ~3e-5 of it): q8 tiles then take their products in
 // integers, 16 at a time (vpmaddwd), three times denser than widening every weight to fp32.
-// Sums stay exact in int32: 32 products of |q| <= 127 and |xq| <= 32767 are < 2^27.
-struct X16 {
-  std::vector<int16_t> q;
+// Sums stay exact in int32: 32 products of |q| <= 127 and |xq| <= 32767 are < 2^27. The q4
+// tiles on VNNI CPUs take x as int8 instead (XQ<int8_t>, largest magnitude 127: Q8_0's
+// rounding), which their quality bounds allow and q8's do not (cpu_gemm_q4_vnni.inc).
+template <typename T>
+struct XQ {
+  std::vector<T> q;
   std::vector<float> scale;
 };
+using X16 = XQ<int16_t>;
 
-X16 quantize_x16(const float* x, int64_t M, int64_t K) {
-  X16 out{std::vector<int16_t>(M * K), std::vector<float>(M * (K / kBlock))};
+template <typename T>
+XQ<T> quantize_x(const float* x, int64_t M, int64_t K) {
+  constexpr float qmax = std::numeric_limits<T>::max();
+  XQ<T> out{std::vector<T>(M * K), std::vector<float>(M * (K / kBlock))};
   for (int64_t i = 0; i < M * (K / kBlock); ++i) {
     const float* v = x + i * kBlock;
     float amax = 0.f;
     for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float sc = amax / 32767.f;
+    const float sc = amax / qmax;
     out.scale[i] = sc;
     for (int j = 0; j < kBlock; ++j)
-      out.q[i * kBlock + j] = sc > 0.f ? static_cast<int16_t>(std::nearbyint(v[j] / sc)) : 0;
+      out.q[i * kBlock + j] = sc > 0.f ? static_cast<T>(std::nearbyint(v[j] / sc)) : 0;
   }
   return out;
 }
@@ -233,7 +240,7 @@ at::Tensor gemm_f32(const at::Tensor& x_in, const at::Tensor& w_in,
     F32Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = F32Row{wp + (n0 + r) * K};
     run_tile(rows, nr, n0, [&](auto R, const F32Row* rs, int64_t n) {
-      if (g_isa == Isa::kAvx512) {
+      if (wide_tiles()) {
         f32_rows_512<R>(rs, K, xp, M, yp + n, N);
       } else {
         f32_rows<R>(rs, K, xp, M, yp + n, N);
@@ -243,18 +250,19 @@ at::Tensor gemm_f32(const at::Tensor& x_in, const at::Tensor& w_in,
   return finish(y, bias);
 }
 
-// "avx2" or "avx512" pins the tiles (refused where the CPU lacks it); "" keeps the choice.
-// Returns the ISA in use.
+// "avx2", "avx512" or "avx512vnni" pins the tiles (refused where the CPU lacks it; each level
+// includes the ones before); "" keeps the choice. Returns the level in use.
 std::string set_isa(const std::string& want) {
-  if (want == "avx2") {
-    g_isa = Isa::kAvx2;
-  } else if (want == "avx512") {
-    TORCH_CHECK(detect_isa() == Isa::kAvx512, "this CPU has no AVX-512F and BW");
-    g_isa = Isa::kAvx512;
-  } else {
-    TORCH_CHECK(want.empty(), "isa must be 'avx2', 'avx512' or '', got '", want, "'");
+  static const char* const names[] = {"avx2", "avx512", "avx512vnni"};
+  if (!want.empty()) {
+    const auto* it = std::find(std::begin(names), std::end(names), want);
+    TORCH_CHECK(it != std::end(names), "isa must be 'avx2', 'avx512', 'avx512vnni' or '', got '",
+                want, "'");
+    const Isa level = static_cast<Isa>(it - std::begin(names));
+    TORCH_CHECK(level <= detect_isa(), "this CPU lacks ", want, " (AVX-512 needs F and BW)");
+    g_isa = level;
   }
-  return g_isa == Isa::kAvx512 ? "avx512" : "avx2";
+  return names[static_cast<int>(g_isa)];
 }
 
 at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Tensor& s_in,
@@ -273,13 +281,13 @@ at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Ten
   const int8_t* qp = q.data_ptr<int8_t>();
   const float *sp = s.data_ptr<float>(), *xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const X16 x16 = quantize_x16(xp, M, K);
-  const X16Pairs x16p = g_isa == Isa::kAvx512 ? pair_blocks(x16, M, K) : X16Pairs{};
+  const X16 x16 = quantize_x<int16_t>(xp, M, K);
+  const X16Pairs x16p = wide_tiles() ? pair_blocks(x16, M, K, 8) : X16Pairs{};
   for_tiles(N, K, 1, [&](int64_t n0, int64_t nr) {
     Q8Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = Q8Row{qp + (n0 + r) * K, sp + (n0 + r) * nb};
     run_tile(rows, nr, n0, [&](auto R, const Q8Row* rs, int64_t n) {
-      if (g_isa == Isa::kAvx512) {
+      if (wide_tiles()) {
         q8_rows_512<R>(rs, K, x16p, M, yp + n, N);
       } else {
         q8_rows<R>(rs, K, x16, M, yp + n, N);

@@ -33,7 +33,8 @@ SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 # Sources the build reads (cpu_gemm.cpp includes the q4 kernel and the AVX-512 fp32, q8 and q4
 # tiles): all of them key the cache.
 SOURCES = (SOURCE,) + tuple(
-    SOURCE.with_name(f"cpu_gemm_{part}.inc") for part in ("q4", "f32_512", "q8_512", "q4_512")
+    SOURCE.with_name(f"cpu_gemm_{part}.inc")
+    for part in ("q4", "f32_512", "q8_512", "q4_512", "q4_vnni")
 )
 _LOCK = threading.Lock()
 _STATE: dict[str, str | None] = {}  # "error": why the kernels are unavailable, None once loaded
@@ -99,6 +100,13 @@ def quantize_x16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.to(torch.int64), scale
 
 
+def quantize_x8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same with int8 values (largest magnitude / 127): the q4 kernel's rounding of x on
+    AVX-512 VNNI CPUs."""
+    q, scale = _round_blocks(x, 127.0)
+    return q.to(torch.int64), scale
+
+
 def gemm_q8_ref(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     """Exact block sums of the same integers (int64), then both scales in float64."""
     xq, xs = quantize_x16(x)  # [M, B, 32], [M, B]
@@ -117,9 +125,10 @@ def gemm_q8(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.T
 
 
 def set_isa(want: str = "") -> str:
-    """The fp32, q8 and q4 tiles in use, "avx2" or "avx512" (AVX-512F and BW where the CPU has
-    them, chosen when the library loads, unless `SHORTCONV_CPU_GEMM_ISA` names one); `want`
-    pins one for this process (tests and benchmarks compare them)."""
+    """The fp32, q8 and q4 tiles in use: "avx2", "avx512" (AVX-512F and BW) or "avx512vnni"
+    (the same, and q4 with int8 activations), the widest the CPU has, chosen when the library
+    loads unless `SHORTCONV_CPU_GEMM_ISA` names one; `want` pins one for this process (tests
+    and benchmarks compare them)."""
     return str(torch.ops.shortconv_cpu.set_isa(want))
 
 
@@ -137,10 +146,14 @@ def cpu_has_avx2_fma() -> bool:
     return {"avx2", "fma"} <= cpu_flags()
 
 
-def cpu_has_avx512() -> bool:
-    """The flags the AVX-512 tiles need (fp32: F; q8 and q4: BW); the library's load-time
-    choice (`set_isa()`) follows the same two."""
-    return {"avx512f", "avx512bw"} <= cpu_flags()
+def cpu_isa() -> str:
+    """The widest tile set this CPU's flags allow, as `set_isa` names it: AVX-512 needs F and BW
+    (fp32: F; q8 and q4: BW), "avx512vnni" VNNI too (the library's load-time choice follows
+    the same flags)."""
+    flags = cpu_flags()
+    if not {"avx512f", "avx512bw"} <= flags:
+        return "avx2"
+    return "avx512vnni" if "avx512_vnni" in flags else "avx512"
 
 
 def cache_root() -> Path:

@@ -1,6 +1,7 @@
-"""CPU linears for decode batches (AVX2 + FMA): fp32 weights, and q8 weights (int8, one fp32
-scale per 32 weights of a row; activations rounded to int16 per 32 values, ~3e-5 of each
-block's largest magnitude, so the products sum exactly in int32).
+"""CPU linears for decode batches (AVX2 + FMA, with AVX-512 twins taken at load where the CPU
+has them: `set_isa`): fp32 weights, and q8 weights (int8, one fp32 scale per 32 weights of a
+row; activations rounded to int16 per 32 values, ~3e-5 of each block's largest magnitude, so
+the products sum exactly in int32).
 
 The loops are C++ (`cpu_gemm.cpp`, beside this file), built once per source and torch version
 with the system's C++ compiler into the user's cache, and loaded as torch ops

@@ -19,14 +19,19 @@
 // rows: 12 accumulators, 3 x vectors and a weight vector fill AVX2's 16 registers. Every
 // output is its own row's sums in one fixed order, so a row's result does not depend on the
 // batch or the thread count. Compiled with -mavx2 -mfma (no -march=native), one build for every
-// AVX2 machine; Python checks the CPU before loading it and holds the float64 references
-// (shortconv/kernels/cpu_gemm.py).
+// AVX2 machine; the fp32 and q8 tiles' AVX-512 twins are compiled per function (target
+// attribute) and taken at load where the CPU has AVX-512F and BW. Python checks the CPU before loading it and holds
+// the float64 references (shortconv/kernels/cpu_gemm.py).
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -76,6 +81,8 @@ inline void tile_f32(const F32Row* rows, int64_t K, const float* x, int64_t ldx,
     }
 }
 
+#include "cpu_gemm_f32_512.inc"  // the fp32 tiles' AVX-512 twins, and the choice of ISA
+
 struct Q8Row {
   const int8_t* q;
   const float* scale;
@@ -84,22 +91,28 @@ struct Q8Row {
 // x rows as int16 with one scale per 32 values (xq * xs ~= x; the largest magnitude of a block
 // maps to 32767, so the rounding is ~3e-5 of it): q8 tiles then take their products in
 // integers, 16 at a time (vpmaddwd), three times denser than widening every weight to fp32.
-// Sums stay exact in int32: 32 products of |q| <= 127 and |xq| <= 32767 are < 2^27.
-struct X16 {
-  std::vector<int16_t> q;
+// Sums stay exact in int32: 32 products of |q| <= 127 and |xq| <= 32767 are < 2^27. The q4
+// tiles on VNNI CPUs take x as int8 instead (XQ<int8_t>, largest magnitude 127: Q8_0's
+// rounding), which their quality bounds allow and q8's do not (cpu_gemm_q4_vnni.inc).
+template <typename T>
+struct XQ {
+  std::vector<T> q;
   std::vector<float> scale;
 };
+using X16 = XQ<int16_t>;
 
-X16 quantize_x16(const float* x, int64_t M, int64_t K) {
-  X16 out{std::vector<int16_t>(M * K), std::vector<float>(M * (K / kBlock))};
+template <typename T>
+XQ<T> quantize_x(const float* x, int64_t M, int64_t K) {
+  constexpr float qmax = std::numeric_limits<T>::max();
+  XQ<T> out{std::vector<T>(M * K), std::vector<float>(M * (K / kBlock))};
   for (int64_t i = 0; i < M * (K / kBlock); ++i) {
     const float* v = x + i * kBlock;
     float amax = 0.f;
     for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float sc = amax / 32767.f;
+    const float sc = amax / qmax;
     out.scale[i] = sc;
     for (int j = 0; j < kBlock; ++j)
-      out.q[i * kBlock + j] = sc > 0.f ? static_cast<int16_t>(std::nearbyint(v[j] / sc)) : 0;
+      out.q[i * kBlock + j] = sc > 0.f ? static_cast<T>(std::nearbyint(v[j] / sc)) : 0;
   }
   return out;
 }
@@ -137,6 +150,8 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MR; ++m) y[m * ldy + r] = hsum(acc[r][m]);
 }
+
+#include "cpu_gemm_q8_512.inc"  // the q8 tiles' AVX-512 twins
 
 // R weight rows against every row of x, kMaxMR x rows at a time.
 template <int R>
@@ -188,13 +203,14 @@ void for_tiles(int64_t N, int64_t K, int64_t weight_bytes, const Body& body) {
   });
 }
 
-// Calls rows_fn<kRows>(rows) for a whole tile, rows_fn<1> per row for the last, short one.
-template <typename Row, typename Fn4, typename Fn1>
-inline void run_tile(const Row* rows, int64_t nr, int64_t n0, const Fn4& fn4, const Fn1& fn1) {
+// Calls fn(rows_count, rows, n0) with rows_count an std::integral_constant: kRows for a whole
+// tile, 1 per row for the last, short one (so fn instantiates its row templates for both).
+template <typename Row, typename Fn>
+inline void run_tile(const Row* rows, int64_t nr, int64_t n0, const Fn& fn) {
   if (nr == kRows) {
-    fn4(rows, n0);
+    fn(std::integral_constant<int, kRows>{}, rows, n0);
   } else {
-    for (int64_t r = 0; r < nr; ++r) fn1(rows + r, n0 + r);
+    for (int64_t r = 0; r < nr; ++r) fn(std::integral_constant<int, 1>{}, rows + r, n0 + r);
   }
 }
 
@@ -223,11 +239,30 @@ at::Tensor gemm_f32(const at::Tensor& x_in, const at::Tensor& w_in,
   for_tiles(N, K, 4, [&](int64_t n0, int64_t nr) {
     F32Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = F32Row{wp + (n0 + r) * K};
-    run_tile(
-        rows, nr, n0, [&](const F32Row* rs, int64_t n) { f32_rows<kRows>(rs, K, xp, M, yp + n, N); },
-        [&](const F32Row* rs, int64_t n) { f32_rows<1>(rs, K, xp, M, yp + n, N); });
+    run_tile(rows, nr, n0, [&](auto R, const F32Row* rs, int64_t n) {
+      if (wide_tiles()) {
+        f32_rows_512<R>(rs, K, xp, M, yp + n, N);
+      } else {
+        f32_rows<R>(rs, K, xp, M, yp + n, N);
+      }
+    });
   });
   return finish(y, bias);
+}
+
+// "avx2", "avx512" or "avx512vnni" pins the tiles (refused where the CPU lacks it; each level
+// includes the ones before); "" keeps the choice. Returns the level in use.
+std::string set_isa(const std::string& want) {
+  static const char* const names[] = {"avx2", "avx512", "avx512vnni"};
+  if (!want.empty()) {
+    const auto* it = std::find(std::begin(names), std::end(names), want);
+    TORCH_CHECK(it != std::end(names), "isa must be 'avx2', 'avx512', 'avx512vnni' or '', got '",
+                want, "'");
+    const Isa level = static_cast<Isa>(it - std::begin(names));
+    TORCH_CHECK(level <= detect_isa(), "this CPU lacks ", want, " (AVX-512 needs F and BW)");
+    g_isa = level;
+  }
+  return names[static_cast<int>(g_isa)];
 }
 
 at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Tensor& s_in,
@@ -246,13 +281,18 @@ at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Ten
   const int8_t* qp = q.data_ptr<int8_t>();
   const float *sp = s.data_ptr<float>(), *xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const X16 x16 = quantize_x16(xp, M, K);
+  const X16 x16 = quantize_x<int16_t>(xp, M, K);
+  const X16Pairs x16p = wide_tiles() ? pair_blocks(x16, M, K, 8) : X16Pairs{};
   for_tiles(N, K, 1, [&](int64_t n0, int64_t nr) {
     Q8Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = Q8Row{qp + (n0 + r) * K, sp + (n0 + r) * nb};
-    run_tile(
-        rows, nr, n0, [&](const Q8Row* rs, int64_t n) { q8_rows<kRows>(rs, K, x16, M, yp + n, N); },
-        [&](const Q8Row* rs, int64_t n) { q8_rows<1>(rs, K, x16, M, yp + n, N); });
+    run_tile(rows, nr, n0, [&](auto R, const Q8Row* rs, int64_t n) {
+      if (wide_tiles()) {
+        q8_rows_512<R>(rs, K, x16p, M, yp + n, N);
+      } else {
+        q8_rows<R>(rs, K, x16, M, yp + n, N);
+      }
+    });
   });
   return finish(y, bias);
 }
@@ -265,6 +305,7 @@ TORCH_LIBRARY(shortconv_cpu, m) {
   m.def("gemm_f32(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("gemm_q8(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
   m.def("gemm_q4(Tensor x, Tensor q, Tensor scale, Tensor min, Tensor? bias) -> Tensor");
+  m.def("set_isa(str want) -> str", TORCH_FN(set_isa));
 }
 
 TORCH_LIBRARY_IMPL(shortconv_cpu, CPU, m) {

@@ -1,6 +1,7 @@
-"""CPU linears for decode batches (AVX2 + FMA): fp32 weights, and q8 weights (int8, one fp32
-scale per 32 weights of a row; activations rounded to int16 per 32 values, ~3e-5 of each
-block's largest magnitude, so the products sum exactly in int32).
+"""CPU linears for decode batches (AVX2 + FMA, with AVX-512 twins taken at load where the CPU
+has them: `set_isa`): fp32 weights, and q8 weights (int8, one fp32 scale per 32 weights of a
+row; activations rounded to int16 per 32 values, ~3e-5 of each block's largest magnitude, so
+the products sum exactly in int32).
 
 The loops are C++ (`cpu_gemm.cpp`, beside this file), built once per source and torch version
 with the system's C++ compiler into the user's cache, and loaded as torch ops
@@ -30,8 +31,12 @@ log = logging.getLogger(__name__)
 
 Q8_BLOCK = 32  # weights per scale
 SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
-# Sources the build reads (cpu_gemm.cpp includes the q4 kernel): all of them key the cache.
-SOURCES = (SOURCE, SOURCE.with_name("cpu_gemm_q4.inc"))
+# Sources the build reads (cpu_gemm.cpp includes the q4 kernel and the AVX-512 fp32, q8 and q4
+# tiles): all of them key the cache.
+SOURCES = (SOURCE,) + tuple(
+    SOURCE.with_name(f"cpu_gemm_{part}.inc")
+    for part in ("q4", "f32_512", "q8_512", "q4_512", "q4_vnni")
+)
 _LOCK = threading.Lock()
 _STATE: dict[str, str | None] = {}  # "error": why the kernels are unavailable, None once loaded
 
@@ -96,6 +101,13 @@ def quantize_x16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.to(torch.int64), scale
 
 
+def quantize_x8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same with int8 values (largest magnitude / 127): the q4 kernel's rounding of x on
+    AVX-512 VNNI CPUs."""
+    q, scale = _round_blocks(x, 127.0)
+    return q.to(torch.int64), scale
+
+
 def gemm_q8_ref(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     """Exact block sums of the same integers (int64), then both scales in float64."""
     xq, xs = quantize_x16(x)  # [M, B, 32], [M, B]
@@ -113,13 +125,36 @@ def gemm_q8(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.T
     return torch.ops.shortconv_cpu.gemm_q8(x, qw.q, qw.scale, bias)
 
 
-def cpu_has_avx2_fma() -> bool:
-    """Linux x86: both flags in /proc/cpuinfo (the build targets exactly these)."""
+def set_isa(want: str = "") -> str:
+    """The fp32, q8 and q4 tiles in use: "avx2", "avx512" (AVX-512F and BW) or "avx512vnni"
+    (the same, and q4 with int8 activations), the widest the CPU has, chosen when the library
+    loads unless `SHORTCONV_CPU_GEMM_ISA` names one; `want` pins one for this process (tests
+    and benchmarks compare them)."""
+    return str(torch.ops.shortconv_cpu.set_isa(want))
+
+
+def cpu_flags() -> frozenset[str]:
+    """Linux x86: the CPU's flags in /proc/cpuinfo (empty elsewhere)."""
     try:
-        flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
+        line = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags"))
     except (OSError, StopIteration):
-        return False
-    return "avx2" in flags and "fma" in flags
+        return frozenset()
+    return frozenset(line.split(":", 1)[-1].split())
+
+
+def cpu_has_avx2_fma() -> bool:
+    """Both flags (the build targets exactly these)."""
+    return {"avx2", "fma"} <= cpu_flags()
+
+
+def cpu_isa() -> str:
+    """The widest tile set this CPU's flags allow, as `set_isa` names it: AVX-512 needs F and BW
+    (fp32: F; q8 and q4: BW), "avx512vnni" VNNI too (the library's load-time choice follows
+    the same flags)."""
+    flags = cpu_flags()
+    if not {"avx512f", "avx512bw"} <= flags:
+        return "avx2"
+    return "avx512vnni" if "avx512_vnni" in flags else "avx512"
 
 
 def cache_root() -> Path:
@@ -200,6 +235,8 @@ def load() -> str | None:
                     log.info("building the CPU GEMM kernels into %s (once)", path)
                     _build(path)
                 torch.ops.load_library(str(path))
+                # An operator's pin (and the benchmarks' A/B): the AVX2 tiles on an AVX-512 CPU.
+                set_isa(os.environ.get("SHORTCONV_CPU_GEMM_ISA", ""))
             except (RuntimeError, OSError) as exc:
                 error = f"build or load failed: {exc}"
         if error is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shortconv.kernels.cpu_gemm import Q8_BLOCK, quantize_x16
+from shortconv.kernels.cpu_gemm import Q8_BLOCK, quantize_x8, quantize_x16, set_isa
 
 Q4_BLOCK = Q8_BLOCK  # weights per scale and min
 LEVELS = 15  # codes 0..15
@@ -72,15 +72,23 @@ def quantize_q4(weight: torch.Tensor) -> Q4Weight:
     return Q4Weight(packed, scale.contiguous(), lo.contiguous())
 
 
-def gemm_q4_ref(x: torch.Tensor, qw: Q4Weight, bias: torch.Tensor | None) -> torch.Tensor:
+def gemm_q4_ref(
+    x: torch.Tensor, qw: Q4Weight, bias: torch.Tensor | None, int8_x: bool = False
+) -> torch.Tensor:
     """The kernel's integers summed exactly (int64), then the scales and mins in float64:
-    y = sum_b xs (scale * sum(xq c) + min * sum(xq))."""
-    xq, xs = quantize_x16(x)  # [M, B, 32], [M, B]
+    y = sum_b xs (scale * sum(xq c) + min * sum(xq)). `int8_x`: x rounded as on AVX-512 VNNI
+    CPUs (`q4_int8_activations`), else to int16."""
+    xq, xs = quantize_x8(x) if int8_x else quantize_x16(x)  # [M, B, 32], [M, B]
     sums = torch.einsum("mbk,nbk->mnb", xq, qw.codes()).double()  # exact: |sum| < 2^24
     xsum = xq.sum(-1).double().unsqueeze(1)  # [M, 1, B]
     per_block = sums * qw.scale.double().unsqueeze(0) + xsum * qw.min.double().unsqueeze(0)
     y = (per_block * xs.double().unsqueeze(1)).sum(-1)
     return (y + bias.double() if bias is not None else y).float()
+
+
+def q4_int8_activations() -> bool:
+    """Whether `gemm_q4` rounds x to int8 (the AVX-512 VNNI tiles) rather than int16."""
+    return set_isa() == "avx512vnni"
 
 
 def gemm_q4(x: torch.Tensor, qw: Q4Weight, bias: torch.Tensor | None) -> torch.Tensor:

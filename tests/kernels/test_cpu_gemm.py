@@ -1,4 +1,4 @@
-"""The AVX2 small-batch GEMMs (shortconv/kernels/cpu_gemm.cpp) against their float64 refs."""
+"""The AVX2 and AVX-512 small-batch GEMMs (kernels/cpu_gemm.cpp) against their float64 refs."""
 
 from __future__ import annotations
 
@@ -23,15 +23,21 @@ def kernels() -> None:
     assert cg.loaded()
 
 
+def test_the_load_time_choice_is_the_widest_the_cpu_has() -> None:
+    assert cg.set_isa() == cg.cpu_isa()
+    with pytest.raises(RuntimeError, match="isa must be"):
+        cg.set_isa("sse")
+
+
 def _close(y: torch.Tensor, ref: torch.Tensor, k: int) -> None:
     # fp32 sums of k products in a different order than float64's: error grows like sqrt(k).
     tol = 2e-6 * (k**0.5) * max(1.0, ref.abs().max().item())
     assert (y - ref).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 16, 17])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17])
 @pytest.mark.parametrize("n,k", [(4, 8), (13, 100), (64, 1024), (130, 37)])
-def test_f32_equals_ref(m: int, n: int, k: int) -> None:
+def test_f32_equals_ref(m: int, n: int, k: int, isa: str) -> None:
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     bias = torch.randn(n, generator=g) if n % 2 else None
@@ -40,9 +46,9 @@ def test_f32_equals_ref(m: int, n: int, k: int) -> None:
     _close(y, cg.gemm_f32_ref(x, w, bias), k)
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 16])
 @pytest.mark.parametrize("n,k", [(5, 32), (64, 1024), (129, 96)])
-def test_q8_equals_ref(m: int, n: int, k: int) -> None:
+def test_q8_equals_ref(m: int, n: int, k: int, isa: str) -> None:
     g = torch.Generator().manual_seed(m * 7 + n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     qw = cg.quantize_q8(w)
@@ -66,7 +72,7 @@ def test_quantize_q8_rounds_each_block_to_its_own_scale() -> None:
 
 
 @pytest.mark.parametrize("kind", ["f32", "q8"])
-def test_a_row_alone_equals_the_row_in_a_batch(kind: str) -> None:
+def test_a_row_alone_equals_the_row_in_a_batch(kind: str, isa: str) -> None:
     """Each output is one row's own sums in a fixed order: batch and tile position do not
     change a bit of it (so a request's tokens do not depend on its batch)."""
     g = torch.Generator().manual_seed(1)
@@ -82,15 +88,21 @@ def test_a_row_alone_equals_the_row_in_a_batch(kind: str) -> None:
     assert torch.equal(run(x[3:8]), full[3:8])
 
 
-def test_thread_count_does_not_change_the_result() -> None:
+@pytest.mark.parametrize("kind", ["f32", "q8"])
+def test_thread_count_does_not_change_the_result(kind: str, isa: str) -> None:
     g = torch.Generator().manual_seed(2)
-    x, w = torch.randn(3, 512, generator=g), torch.randn(4099, 512, generator=g)
+    x, w = torch.randn(5, 512, generator=g), torch.randn(4099, 512, generator=g)
+    qw = cg.quantize_q8(w)
+
+    def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return cg.gemm_f32(x, w, None) if kind == "f32" else cg.gemm_q8(x, qw, None)
+
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = cg.gemm_f32(x, w, None)
+        one = run(x, w)
         torch.set_num_threads(2)
-        two = cg.gemm_f32(x, w, None)
+        two = run(x, w)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
@@ -116,3 +128,17 @@ def test_a_new_source_builds_a_new_library(tmp_path, monkeypatch) -> None:
     assert first.parent == tmp_path / "kernels"
     monkeypatch.setattr(cg.torch, "__version__", "0.0.0-other")
     assert cg.library_path() != first
+
+
+def test_the_environment_pins_the_avx2_tiles() -> None:
+    """SHORTCONV_CPU_GEMM_ISA=avx2 at load keeps the AVX2 tiles on an AVX-512 CPU (a fresh
+    process: the choice is made once, when the library loads)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from shortconv.kernels import cpu_gemm as c\nc.load()\nprint(c.set_isa())"
+    env = {**os.environ, "SHORTCONV_CPU_GEMM_ISA": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "avx2"

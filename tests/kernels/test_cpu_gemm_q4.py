@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shortconv.kernels import cpu_gemm as cg
-from shortconv.kernels.cpu_gemm_q4 import gemm_q4, gemm_q4_ref, quantize_q4
+from shortconv.kernels.cpu_gemm_q4 import gemm_q4, gemm_q4_ref, q4_int8_activations, quantize_q4
 
 pytestmark = pytest.mark.skipif(
     not (cg.cpu_has_avx2_fma() and (shutil.which("c++") or shutil.which("g++"))),
@@ -21,19 +21,22 @@ def kernels() -> None:
     assert cg.load() is None  # where the CPU and a compiler are there, the build must work
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 17])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17])
 @pytest.mark.parametrize("n,k", [(5, 32), (64, 1024), (129, 96)])
-def test_q4_equals_ref(m: int, n: int, k: int) -> None:
+def test_q4_equals_ref(m: int, n: int, k: int, isa: str) -> None:
     g = torch.Generator().manual_seed(m * 11 + n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) + 0.3
     qw = quantize_q4(w)
     bias = torch.randn(n, generator=g) if n % 2 else None
-    y, ref = gemm_q4(x, qw, bias), gemm_q4_ref(x, qw, bias)
+    y, ref = gemm_q4(x, qw, bias), gemm_q4_ref(x, qw, bias, int8_x=isa == "avx512vnni")
+    assert q4_int8_activations() == (isa == "avx512vnni")
     # fp32 sums in another order than float64's: error grows like sqrt(k).
     assert (y - ref).abs().max().item() <= 2e-6 * k**0.5 * max(1.0, ref.abs().max().item())
-    # The ref is the dequantized weight's product up to x's int16 rounding (~3e-5 a block).
+    # The ref is the dequantized weight's product up to x's rounding: ~3e-5 of a block's
+    # largest magnitude in int16, ~4e-3 in int8.
     exact = x.double() @ qw.dequantize().double().T + (bias.double() if bias is not None else 0)
-    assert (ref.double() - exact).abs().max().item() <= 1e-4 * k**0.5
+    per_k = 3e-2 if isa == "avx512vnni" else 1e-4
+    assert (ref.double() - exact).abs().max().item() <= per_k * k**0.5
 
 
 def test_quantize_q4_maps_each_block_between_its_min_and_max() -> None:
@@ -54,9 +57,10 @@ def test_quantize_q4_maps_each_block_between_its_min_and_max() -> None:
         quantize_q4(torch.randn(4, 40))
 
 
-def test_a_row_alone_equals_the_row_in_a_batch() -> None:
+def test_a_row_alone_equals_the_row_in_a_batch(isa: str) -> None:
     g = torch.Generator().manual_seed(1)
-    x, w = torch.randn(11, 256, generator=g), torch.randn(70, 256, generator=g)
+    # 4099 weight rows: past one chunk of work, so two threads split it (and a short last tile).
+    x, w = torch.randn(11, 256, generator=g), torch.randn(4099, 256, generator=g)
     qw = quantize_q4(w)
     full = gemm_q4(x, qw, None)
     for i in range(11):

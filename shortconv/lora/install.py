@@ -62,6 +62,16 @@ def clear_slot(model: nn.Module, slot: int) -> None:
             _slots(layer).b[slot].zero_()
 
 
+def slot_weight_sum(model: nn.Module, slot: int) -> float:
+    """|A| + |B| of `slot` summed over every LoRA layer, plus its ranks: 0 for an empty slot
+    (tests read it on every rank after an unload)."""
+    total = 0.0
+    for layer in lora_layers(model).values():
+        s = _slots(layer)
+        total += float(s.a[slot].abs().sum() + s.b[slot].abs().sum()) + int(s.ranks[slot])
+    return total
+
+
 def _slots(layer: LinearBase) -> LoraSlots:
     assert layer.lora is not None, "a LoRA layer gets its slots in process_after_load"
     return layer.lora

@@ -71,8 +71,9 @@ def test_tp2_refuses_an_adapter_for_another_base_and_keeps_serving(tp2: tuple) -
     arch, engine, oracles, root = tp2
     other = root / "other"
     make_adapter(arch, other, seed=9, overrides={**OVERRIDES, "hidden_size": 96})
-    with pytest.raises(LoraError, match="another base"):
+    with pytest.raises(LoraError, match="another base") as refused:
         engine.load_lora("other", str(other))
+    assert refused.value.reason == "shape"  # the rank's reason survives Ray (the metrics label)
     assert "other" not in engine.lora_names()
     check_mixed_batch(engine, oracles, f"{arch} tp_size=2 after a refusal")
 

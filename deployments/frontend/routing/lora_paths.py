@@ -36,8 +36,11 @@ class LoraPaths:
     def with_runtime_loads(self, body: dict[str, Any]) -> dict[str, Any]:
         """One replica's `/v1/models` body (the base's card first) plus the adapters loaded at
         run time through this ingress that it does not hold: they live on other replicas."""
-        base, listed = body["data"][0], {card["id"] for card in body["data"]}
+        listed = {card["id"] for card in body["data"]}
         others = {n: p for n, p in self.paths.items() if n not in listed}
+        if not others:
+            return body
+        base = body["data"][0]
         return {
             **body,
             "data": [*body["data"], *adapter_cards(others, base["id"], base["created"])],

@@ -208,7 +208,7 @@ class RayExecutor(BaseExecutor):
             self.call_workers("load_lora", slot, ref)
         except RayTaskError as exc:
             if isinstance(exc.cause, LoraError):
-                raise LoraError(str(exc.cause)) from None
+                raise LoraError(str(exc.cause), exc.cause.reason) from None
             raise
 
     def unload_lora(self, slot: int) -> None:

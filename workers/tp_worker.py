@@ -70,6 +70,10 @@ class TPWorker:
     def unload_lora(self, slot: int) -> None:
         self._ready().unload_lora(slot)
 
+    def lora_slot_sum(self, slot: int) -> float:
+        """This rank's LoRA slot `slot`, summed (0 when empty; for tests)."""
+        return self._ready().lora_slot_sum(slot)
+
     def _ready(self) -> ModelRunner:
         if self.runner is None:
             raise RuntimeError(f"TP rank {self.rank} is not set up")

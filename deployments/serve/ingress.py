@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -101,7 +101,8 @@ def build_ingress_app(connect: Connect, cfg: IngressConfig, store: Store | None 
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        return respond(await replica(request).models())
+        reply = await replica(request).models()  # NOTE: the adapters of that replica only
+        return respond(Reply(reply.replica_id, loras.with_runtime_loads(reply.body)))
 
     loras = LoraPaths()
 
@@ -188,8 +189,28 @@ def _install_lora_routes(
         req = await parse(request, UnloadLoraRequest)
         assert isinstance(req, UnloadLoraRequest)
         loras.unloaded(req.lora_name)  # NOTE: first: no request reloads it meanwhile
-        ctx = RequestContext(lora_name=req.lora_name)  # the router sends it to the holder
-        return respond(await replica(request).unload_lora(req, ctx))
+        ctx = RequestContext(lora_name=req.lora_name)  # the router sends it to a holder
+        first = await replica(request).unload_lora(req, ctx)
+        await _unload_other_holders(lambda: replica(request).unload_lora(req, ctx))
+        return respond(first)
+
+
+# More holders than replicas is impossible; this bounds the loop should a replica misreport.
+_MAX_HOLDERS = 64
+
+
+async def _unload_other_holders(unload: Callable[[], Awaitable[Reply]]) -> None:
+    """Unload again until no replica holds the adapter (the 404 of a replica without it).
+    A YAML adapter is on every replica, and a miss loads a runtime one on another: the
+    router sends each call to a holder it has not sent this unload to yet."""
+    for _ in range(_MAX_HOLDERS):
+        try:
+            await unload()
+        except EXPECTED_ERRORS as exc:
+            error = as_api_error(exc)
+            if error.status == 404:
+                return
+            raise error from None
 
 
 def respond(reply: Reply) -> JSONResponse:

@@ -34,6 +34,11 @@ class LoraHolders:
     def record_routed(self, name: str, replica_id: ReplicaID) -> None:
         self._routed.setdefault(name, set()).add(replica_id)
 
+    def forget(self, name: str, replica_id: ReplicaID) -> None:
+        """`replica_id` was sent `name`'s unload: not a holder, until a report says it is."""
+        self._routed.get(name, set()).discard(replica_id)
+        self._reported.get(name, set()).discard(replica_id)
+
     def holders(self, name: str, live: dict[ReplicaID, Any]) -> set[ReplicaID]:
         """The live replicas holding `name` (empty: nobody; any replica loads it on miss)."""
         ids = self._reported.get(name, set()) | self._routed.get(name, set())

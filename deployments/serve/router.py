@@ -128,7 +128,9 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         if hashes:
             self._prefixes.record_routed(hashes, replica_id)
         lora = lora_of(pending_request.kwargs)
-        if lora is not None:
+        if lora is not None and pending_request.metadata.call_method == "unload_lora":
+            self._loras.forget(lora, replica_id)  # so a next unload finds another holder
+        elif lora is not None:
             self._loras.record_routed(lora, replica_id)
         sid = pending_request.metadata.session_id
         if not sid:

@@ -165,6 +165,8 @@ class LLMEngine:
         req = Request(rid, prompt_token_ids, params, seed, session_id=session_id, images=placed)
         if lora_name is not None:
             self._lora_engine().bind(req, lora_name)
+        elif self.loras is not None:
+            self.loras.counters.request(None)  # the base's requests beside the adapters'
         self.scheduler.add(req)
         for key, index in seq_ids(rid, params.n):
             self._outputs[key] = RequestOutput(
@@ -202,10 +204,14 @@ class LLMEngine:
     # ---- LoRA adapters ------------------------------------------------------------------
     def load_lora(self, name: str, path: str) -> None:
         """Load a PEFT LoRA adapter under `name` (LoraError naming the module and reason)."""
-        self._lora_engine().load(name, path)
+        try:
+            self._lora_engine().load(name, path)
+        finally:  # NOTE: loaded or refused, both counted: an idle engine runs no step
+            self.refresh_metrics()
 
     def unload_lora(self, name: str) -> None:
         self._lora_engine().unload(name)
+        self.refresh_metrics()
 
     def lora_names(self) -> list[str]:
         return sorted(self.loras.slots.names) if self.loras is not None else []
@@ -352,6 +358,7 @@ class LLMEngine:
             self._encoder_seconds,
             self.weight_bytes,
             self.session_state.counters,
+            self.loras,
         )
 
     def export_session(self, session_id: str) -> bytes | None:

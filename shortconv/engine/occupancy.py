@@ -17,6 +17,7 @@ from shortconv.metrics.defs import SESSION_STATE_EVENTS, SESSION_STATE_REFUSALS
 
 if TYPE_CHECKING:
     from shortconv.engine.session_state import StateCounters
+    from shortconv.lora.engine_loras import EngineLoras
 
 
 def engine_stats(
@@ -28,6 +29,7 @@ def engine_stats(
     encoder_seconds: float = 0.0,
     weight_bytes: Mapping[str, int] | None = None,
     session_state: StateCounters | None = None,
+    loras: EngineLoras | None = None,
 ) -> EngineStats:
     """Occupancy now, and the counters since start (`counts`: prompt/generation/cached tokens
     and images encoded; `finished`: requests by finish reason; `encoder_seconds`: the vision
@@ -63,7 +65,22 @@ def engine_stats(
         **_prefix_cache_stats(cm, checkpoint_bytes),
         **_spec_stats(scheduler),
         **_session_state_stats(session_state),
+        **_lora_stats(loras),
     )
+
+
+def _lora_stats(loras: EngineLoras | None) -> dict[str, Any]:
+    if loras is None:
+        return {}
+    c = loras.counters
+    return {
+        "lora_adapters_resident": len(loras.slots.resident),
+        "lora_requests": dict(c.requests),
+        "lora_loads": c.loads,
+        "lora_unloads": c.unloads,
+        "lora_evictions": c.evictions,
+        "lora_load_refusals": dict(c.refused),
+    }
 
 
 def _session_state_stats(c: StateCounters | None) -> dict[str, Any]:

@@ -65,6 +65,15 @@ class EngineStats:
     session_state_bundles: dict[str, int] = field(default_factory=dict)
     session_state_bytes: dict[str, int] = field(default_factory=dict)
     session_state_refused: dict[str, int] = field(default_factory=dict)
+    # LoRA (`lora.counters`; all 0 and empty without enable_lora): adapters resident in slots
+    # now, requests by adapter name ("" = the base), adapters loaded, unloaded and evicted
+    # from their slot (LRU) since start-up, and loads refused by reason.
+    lora_adapters_resident: int = 0
+    lora_requests: dict[str, int] = field(default_factory=dict)
+    lora_loads: int = 0
+    lora_unloads: int = 0
+    lora_evictions: int = 0
+    lora_load_refusals: dict[str, int] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -29,7 +29,7 @@ from shortconv.layers.linear_binding import (
 from shortconv.layers.quantize import weight_bytes
 from shortconv.lora.adapter import LoraAdapter
 from shortconv.lora.batch import LoraBatch
-from shortconv.lora.install import clear_slot, install_adapter
+from shortconv.lora.install import clear_slot, install_adapter, slot_weight_sum
 from shortconv.models.build import build_model
 from shortconv.models.loader import iter_checkpoint
 from shortconv.models.registry import model_class
@@ -177,6 +177,10 @@ class ModelRunner:
         """Empty LoRA slot `slot` in every layer (an unloaded adapter leaves nothing behind)."""
         assert self.lora is not None, "unload_lora needs enable_lora"
         clear_slot(self.model, slot)
+
+    def lora_slot_sum(self, slot: int) -> float:
+        """`lora.install.slot_weight_sum` of this rank's shard: 0 once `slot` is empty."""
+        return slot_weight_sum(self.model, slot)
 
     def _forward(self, plan: StepPlan, step: StepTensors) -> torch.Tensor:
         """NOTE: the one place a step's input stops being token ids only: a plan with images

@@ -24,7 +24,12 @@ _PARTS = {"lora_A": 0, "lora_B": 1}
 
 
 class LoraError(ValueError):
-    """An adapter that cannot be loaded, with the module or file and the reason."""
+    """An adapter that cannot be loaded, with the module or file and the reason. `reason` is
+    its kind, one of `metrics.defs.LORA_LOAD_REFUSALS` (the refusal counter's label)."""
+
+    def __init__(self, message: str, reason: str = "options") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,15 @@ def read_adapter(path: str | Path) -> LoraAdapter:
 def _read_config(root: Path) -> dict:
     file = root / CONFIG_FILE
     if not file.is_file():
-        raise LoraError(f"{root}: no {CONFIG_FILE} (is this a PEFT LoRA adapter directory?)")
+        raise LoraError(
+            f"{root}: no {CONFIG_FILE} (is this a PEFT LoRA adapter directory?)", "files"
+        )
     try:
         cfg = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LoraError(f"{file}: not readable JSON ({exc})") from exc
+        raise LoraError(f"{file}: not readable JSON ({exc})", "files") from exc
     if not isinstance(cfg, dict):
-        raise LoraError(f"{file}: not a JSON object")
+        raise LoraError(f"{file}: not a JSON object", "files")
     if cfg.get("peft_type", "LORA") != "LORA":
         raise LoraError(f"{file}: peft_type {cfg['peft_type']!r} is not LORA")
     return cfg
@@ -92,11 +99,12 @@ def _refuse_options(root: Path, cfg: dict) -> None:
 def _read_weights(root: Path) -> dict[str, torch.Tensor]:
     file = root / WEIGHTS_FILE
     if not file.is_file():
-        raise LoraError(f"{root}: no {WEIGHTS_FILE}")
+        raise LoraError(f"{root}: no {WEIGHTS_FILE}", "files")
     try:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise LoraError(f"{file}: not a readable safetensors file ({exc})") from exc
+        msg = f"{file}: not a readable safetensors file ({exc})"
+        raise LoraError(msg, "files") from exc
 
 
 def _pair_tensors(
@@ -109,15 +117,17 @@ def _pair_tensors(
         module, _, kind = stem.rpartition(".")
         if leaf != "weight" or kind not in _PARTS or tensor.dim() != 2:
             shape = tuple(tensor.shape)
-            raise LoraError(f"{root / WEIGHTS_FILE}: unexpected tensor {key!r} {shape}")
+            raise LoraError(f"{root / WEIGHTS_FILE}: unexpected tensor {key!r} {shape}", "files")
         parts.setdefault(module, [None, None])[_PARTS[kind]] = tensor
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for module, (a, b) in parts.items():
         if a is None or b is None:
-            raise LoraError(f"{root / WEIGHTS_FILE}: {module} has lora_A or lora_B missing")
+            msg = f"{root / WEIGHTS_FILE}: {module} has lora_A or lora_B missing"
+            raise LoraError(msg, "files")
         if a.shape[0] != b.shape[1]:
-            raise LoraError(f"{module}: lora_A rank {a.shape[0]} != lora_B rank {b.shape[1]}")
+            msg = f"{module}: lora_A rank {a.shape[0]} != lora_B rank {b.shape[1]}"
+            raise LoraError(msg, "files")
         out[module] = (a, b)
     if not out:
-        raise LoraError(f"{root / WEIGHTS_FILE}: no LoRA tensors")
+        raise LoraError(f"{root / WEIGHTS_FILE}: no LoRA tensors", "files")
     return out

@@ -62,6 +62,16 @@ def clear_slot(model: nn.Module, slot: int) -> None:
             _slots(layer).b[slot].zero_()
 
 
+def slot_weight_sum(model: nn.Module, slot: int) -> float:
+    """|A| + |B| of `slot` summed over every LoRA layer, plus its ranks: 0 for an empty slot
+    (tests read it on every rank after an unload)."""
+    total = 0.0
+    for layer in lora_layers(model).values():
+        s = _slots(layer)
+        total += float(s.a[slot].abs().sum() + s.b[slot].abs().sum()) + int(s.ranks[slot])
+    return total
+
+
 def _slots(layer: LinearBase) -> LoraSlots:
     assert layer.lora is not None, "a LoRA layer gets its slots in process_after_load"
     return layer.lora
@@ -79,21 +89,24 @@ def _placed(
     if layer is None:
         raise LoraError(
             f"{adapter.path}: target module {hf_module!r} is not a projection this engine "
-            f"adapts (supported: {_leaf_names(layers)})"
+            f"adapts (supported: {_leaf_names(layers)})",
+            "target",
         )
     a, b = adapter.weights[hf_module]
     slots = _slots(layer)
     if a.shape[0] > slots.a.shape[1]:
         raise LoraError(
             f"{adapter.path}: {hf_module} has rank {a.shape[0]}, above max_lora_rank "
-            f"{slots.a.shape[1]}"
+            f"{slots.a.shape[1]}",
+            "rank",
         )
     local = _shard(layer, a, b, tp)
     want_in, want_out = slots.a.shape[2], slots.b.shape[1]
     if local[0].shape[1] != want_in or local[1].shape[0] != want_out:
         raise LoraError(
             f"{adapter.path}: {hf_module} is [{b.shape[0]} x {a.shape[1]}] in the adapter, "
-            f"but this model's layer is not (an adapter for another base model?)"
+            f"but this model's layer is not (an adapter for another base model?)",
+            "shape",
         )
     return layer, local
 

@@ -35,7 +35,7 @@ class LoraSlotManager:
 
     def register(self, name: str, adapter: LoraAdapter) -> Registered:
         if name in self.names:
-            raise LoraError(f"a LoRA adapter named {name!r} is already loaded")
+            raise LoraError(f"a LoRA adapter named {name!r} is already loaded", "duplicate")
         reg = Registered(adapter, self._next_key)
         self._next_key += 1
         self.names[name] = reg
@@ -48,7 +48,8 @@ class LoraSlotManager:
     def get(self, name: str) -> Registered:
         reg = self.names.get(name)
         if reg is None:
-            raise LoraError(f"unknown LoRA adapter {name!r} (loaded: {sorted(self.names)})")
+            loaded = sorted(self.names)
+            raise LoraError(f"unknown LoRA adapter {name!r} (loaded: {loaded})", "unknown")
         return reg
 
     @property
@@ -59,24 +60,27 @@ class LoraSlotManager:
     def slot_of(self, name: str) -> int | None:
         return self._resident.get(name)
 
-    def place(self, name: str, busy: Set[int]) -> tuple[int, bool]:
-        """(`name`'s slot, whether its weights must be written there): a resident name is
-        touched; otherwise a free slot, else the least recently used one not in `busy`."""
+    def place(self, name: str, busy: Set[int]) -> tuple[int, bool, bool]:
+        """(`name`'s slot, whether its weights must be written there, whether another adapter
+        was evicted for it): a resident name is touched; otherwise a free slot, else the least
+        recently used one not in `busy`."""
         if name in self._resident:
             self._resident.move_to_end(name)
-            return self._resident[name], False
+            return self._resident[name], False, False
         used = set(self._resident.values())
         free = [s for s in range(self.max_loras) if s not in used]
-        if not free:
+        evicted = not free
+        if evicted:
             victim = next((n for n, s in self._resident.items() if s not in busy), None)
             if victim is None:
                 raise LoraError(
                     f"all {self.max_loras} LoRA slots (max_loras) serve live requests; "
-                    f"retry {name!r} later"
+                    f"retry {name!r} later",
+                    "no_slot",
                 )
             free = [self._resident.pop(victim)]
         self._resident[name] = free[0]
-        return free[0], True
+        return free[0], True, evicted
 
     def evict(self, name: str) -> None:
         """Forget `name`'s slot (its write failed, or the slot must be reused)."""

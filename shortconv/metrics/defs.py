@@ -51,6 +51,11 @@ SESSION_STATE_REFUSALS = (
     "no_room",
     "tp",
 )
+# Why a LoRA adapter's load was refused (`lora.adapter.LoraError.reason`): its files missing
+# or unreadable, PEFT options or config not implemented, a target module this model does not
+# adapt, a rank above max_lora_rank, a shape of another base, a name already loaded, or every
+# slot serving live requests.
+LORA_LOAD_REFUSALS = ("files", "options", "target", "rank", "shape", "duplicate", "no_slot")
 _LABEL_VALUES = {
     "finished_reason": FINISHED_REASONS,
     "phase": STEP_PHASES,
@@ -285,6 +290,37 @@ METRICS: tuple[MetricDef, ...] = (
         "Session state bundles refused (the session re-prefills), by reason.",
         "reason",
         values=SESSION_STATE_REFUSALS,
+    ),
+    _m(
+        "gauge",
+        "lora_adapters_resident",
+        "engine.lora_adapters_resident",
+        "LoRA adapters resident in this replica's slots (at most max_loras).",
+    ),
+    _m(
+        "counter",
+        "lora_requests_total",
+        "engine.lora_requests",
+        'Requests by LoRA adapter name ("" = the base model; series from each adapter\'s load, '
+        'kept after its unload; past 64 names, "_other").',
+        "lora",
+    ),
+    _m("counter", "lora_loads_total", "engine.lora_loads", "LoRA adapters loaded."),
+    _m("counter", "lora_unloads_total", "engine.lora_unloads", "LoRA adapters unloaded."),
+    _m(
+        "counter",
+        "lora_evictions_total",
+        "engine.lora_evictions",
+        "LoRA adapters evicted from their slot (least recently used) for another; an evicted "
+        "adapter stays loaded and is written back on its next request.",
+    ),
+    _m(
+        "counter",
+        "lora_load_refusals_total",
+        "engine.lora_load_refusals",
+        "LoRA adapter loads refused, by reason.",
+        "reason",
+        values=LORA_LOAD_REFUSALS,
     ),
     _m(
         "counter",

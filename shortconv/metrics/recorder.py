@@ -87,6 +87,8 @@ class MetricsRecorder:
         positions = tuple(initial.spec_decode_num_accepted_tokens_per_pos)
         for metric, labels in initial_series(self.pools, positions):
             sink.create(metric, labels)
+            if metric.kind == "counter":
+                self._prev[(metric.name, tuple(labels.items()))] = 0
         self.record(initial)
 
     def request_added(self, request_id: str, n: int = 1) -> None:  # O(1), no sink call
@@ -149,6 +151,8 @@ class MetricsRecorder:
                     self.sink.set(m, dict(labels), value)
             elif m.kind == "counter":
                 for labels, total in read_source(m, stats, graphs):
+                    if (m.name, labels) not in self._prev:  # a label value new since start-up
+                        self.sink.create(m, dict(labels))  # (a LoRA adapter's name) at 0
                     delta = total - self._prev.get((m.name, labels), 0)
                     self._prev[(m.name, labels)] = total
                     if delta > 0:  # NOTE: a smaller total (its source restarted) only rebases

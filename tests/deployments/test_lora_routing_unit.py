@@ -24,8 +24,12 @@ def holding(uid: str, loras: list[str], sessions: dict[str, float] | None = None
     return r
 
 
-def lora_request(name: str | None, session_id: str = "", prefix: tuple[int, ...] = ()) -> Any:
-    meta = RequestMetadata(request_id="r", internal_request_id="r", session_id=session_id)
+def lora_request(
+    name: str | None, session_id: str = "", prefix: tuple[int, ...] = (), method: str = "chat"
+) -> Any:
+    meta = RequestMetadata(
+        request_id="r", internal_request_id="r", session_id=session_id, call_method=method
+    )
     ctx = LoraPaths().context(session_id or None, prefix, name)
     return PendingRequest(args=[], kwargs={"ctx": ctx}, metadata=meta)
 
@@ -56,6 +60,20 @@ def test_router_records_where_it_sent_an_adapter_until_a_report_says_otherwise()
         assert await choose(router, lora_request("z")) == [["b"], ["a"]]
         router.update_replicas([a, holding("b", [])])  # type: ignore[list-item]
         assert await choose(router, lora_request("z")) == [["a", "b"]]  # b unloaded it
+
+    asyncio.run(main())
+
+
+def test_an_unload_sent_to_a_holder_leads_the_next_one_to_another() -> None:
+    """The ingress unloads until a 404: each call must reach a holder not yet unloaded."""
+
+    async def main() -> None:
+        a, b, c = holding("a", ["x"]), holding("b", ["x"]), holding("c", [])
+        router = make_router([a, b, c])
+        router.on_request_routed(lora_request("x", method="unload_lora"), a.replica_id, None)
+        assert await choose(router, lora_request("x", method="unload_lora")) == [["b"], ["a", "c"]]
+        router.on_request_routed(lora_request("x", method="unload_lora"), b.replica_id, None)
+        assert await choose(router, lora_request("x")) == [["a", "b", "c"]]  # no holder left
 
     asyncio.run(main())
 

@@ -19,12 +19,12 @@ def test_lru_eviction_skips_busy_slots() -> None:
     m = LoraSlotManager(max_loras=2)
     for name in "abc":
         m.register(name, _adapter())
-    assert m.place("a", set()) == (0, True)
-    assert m.place("b", set()) == (1, True)
-    assert m.place("a", set()) == (0, False)  # touched: b is now the least recent
-    assert m.place("c", set()) == (1, True)  # evicts b
+    assert m.place("a", set()) == (0, True, False)
+    assert m.place("b", set()) == (1, True, False)
+    assert m.place("a", set()) == (0, False, False)  # touched: b is now the least recent
+    assert m.place("c", set()) == (1, True, True)  # evicts b
     assert m.slot_of("b") is None
-    assert m.place("b", busy={1}) == (0, True)  # c (slot 1) is busy: a goes instead
+    assert m.place("b", busy={1}) == (0, True, True)  # c (slot 1) is busy: a goes instead
     with pytest.raises(LoraError, match="all 2 LoRA slots"):
         m.place("a", busy={0, 1})
     assert m.resident == {"c": 1, "b": 0}

@@ -261,6 +261,8 @@ def markdown_table() -> str:
             labels += " (conv \\| prev_state, ZAYA1 only)"
         elif m.labels == ("position",):
             labels += " (0 .. k - 1)"
+        elif m.labels == ("lora",):
+            labels += ' (adapter name; "" = the base)'
         rows.append(f"| `{m.name}` | {m.kind} | {labels} | {m.help} |")
     return "\n".join(rows) + "\n"
 

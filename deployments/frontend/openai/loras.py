@@ -42,6 +42,21 @@ def unknown_model(name: str) -> APIError:
     return APIError(message, 404, param="model", code="model_not_found")
 
 
+def adapter_cards(paths: dict[str, str], parent: str, created: int) -> list[dict[str, Any]]:
+    """`/v1/models` entries of adapters (name -> directory) on base `parent`, vLLM's shape."""
+    return [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "shortconv-serve",
+            "root": path,
+            "parent": parent,
+        }
+        for name, path in sorted(paths.items())
+    ]
+
+
 class ReplicaLoras:
     """The adapters this replica's engine holds, by name (-> directory), for one base name."""
 
@@ -60,17 +75,7 @@ class ReplicaLoras:
 
     def cards(self, created: int) -> list[dict[str, Any]]:
         """`/v1/models` entries of the adapters, vLLM's shape."""
-        return [
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "shortconv-serve",
-                "root": path,
-                "parent": self.base_name,
-            }
-            for name, path in sorted(self.paths.items())
-        ]
+        return adapter_cards(self.paths, self.base_name, created)
 
     async def ensure(self, engine: AsyncEngine, name: str | None, path: str | None) -> None:
         """Load on miss: a request for an adapter another replica loaded at run time brings

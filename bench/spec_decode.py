@@ -126,6 +126,9 @@ def main() -> None:
     ap.add_argument("--quantizations", default="none,int8")
     ap.add_argument("--draft-layers", type=int, default=4, help="the draft: target's first N")
     ap.add_argument("--quick", action="store_true", help="tiny shape, few steps (a smoke test)")
+    ap.add_argument(
+        "--adaptive-k", choices=("on", "off"), default="on", help="speedup runs' adaptive_k"
+    )
     args = ap.parse_args()
     if args.quick:
         args.shape, args.steps, args.decode, args.rounds = "lfm2-tiny", 4, 8, 1
@@ -183,13 +186,14 @@ def main() -> None:
         }
         print(
             "\n## speculation at batch 1, k = "
-            f"{args.k}: decode tok/s off and on, on a prompt that repeats itself"
+            f"{args.k} (adaptive k {args.adaptive_k}): decode tok/s off and on, on a prompt "
+            "that repeats itself"
         )
         print(
             "| weights | method | tok/s off | tok/s on | speedup | acceptance | "
-            "tokens per verify | allowed | of allowed |"
+            "proposed | accepted | tokens per verify | allowed | of allowed |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for q in quants:
             kw = {} if q == "none" else {"quantization": q}
             # The draft's cost per verify step: k proposals and one catch-up row, each about
@@ -199,7 +203,11 @@ def main() -> None:
             t_draft = decode_seconds(lone, looped, args.decode, False) / args.decode
             lone.shutdown()
             for name, method in methods.items():
-                cfg = {**method, "num_speculative_tokens": args.k}
+                cfg = {
+                    **method,
+                    "num_speculative_tokens": args.k,
+                    "adaptive_k": args.adaptive_k == "on",
+                }
                 llm = LLM(path, dtype="float32", max_num_seqs=4, speculative_config=cfg, **kw)
                 off: list[float] = []
                 on: list[float] = []
@@ -229,6 +237,7 @@ def main() -> None:
                 print(
                     f"| {q} | {name} | {args.decode / statistics.median(off):.1f} | "
                     f"{args.decode / statistics.median(on):.1f} | {speedup:.2f}x | {acc:.0%} | "
+                    f"{proposed} | {accepted} | "
                     f"{per_verify:.2f} | {allowed:.2f}x | {speedup / allowed:.0%} |"
                 )
     print("\nSUMMARY spec_decode", " ".join(f"{q}:k4={ratios[q].get(4, 0):.2f}x" for q in quants))

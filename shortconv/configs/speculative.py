@@ -37,6 +37,10 @@ class SpeculativeConfig:
     # near break-even for a verify step costing 1.3x a decode step at k = 4: 0.3 / 4.
     min_acceptance_rate: float = 0.1
     acceptance_backoff_steps: int = 16
+    # Per request, k follows its measured acceptance (engine.spec_policy.adaptive_k): a
+    # proposal position is dropped while its chance of being kept is below
+    # `min_acceptance_rate`, and comes back as acceptance does.
+    adaptive_k: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -60,6 +64,11 @@ class SpeculativeConfig:
             _at_least("disable_by_batch_size", self.disable_by_batch_size, 1)
         _fraction("min_acceptance_rate", self.min_acceptance_rate)
         _at_least("acceptance_backoff_steps", self.acceptance_backoff_steps, 1)
+        if not isinstance(self.adaptive_k, bool):
+            raise ConfigError(
+                f"speculative_config.adaptive_k must be a bool (true or false), "
+                f"got {self.adaptive_k!r}"
+            )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError(
                 f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "

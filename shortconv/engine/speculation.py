@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 from shortconv.configs.speculative import SpeculativeConfig
 from shortconv.engine.ngram import propose_ngram
 from shortconv.engine.request import Request
-from shortconv.engine.spec_policy import observe, request_allows, step_allows
+from shortconv.engine.spec_policy import (
+    adaptive_k,
+    fixed_k,
+    observe,
+    request_allows,
+    step_allows,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -49,23 +55,26 @@ class Speculator:
         self.cfg = cfg
         self.draft = draft
         self.step = 0  # schedule() calls so far: the clock of the acceptance pauses
+        # Bound once: k per request from its acceptance, or always num_speculative_tokens.
+        self._k_for = adaptive_k if cfg is not None and cfg.adaptive_k else fixed_k
         k = cfg.num_speculative_tokens if cfg is not None else 0
         self.counters = SpecCounters(accepted_per_pos=[0] * k, accepted_lengths=[0] * (k + 1))
 
     def limit(self, req: Request, room: int, max_model_len: int, num_running: int = 1) -> int:
-        """The most tokens req may propose this step: k, within `room` budget tokens beyond its
-        own, the positions left before `max_model_len`, and `max_tokens` (a verify row adds at
-        most k + 1 tokens); 0 for a request that does not speculate, in a step of more than
-        `disable_by_batch_size` running requests, or while its acceptance has it paused. A
-        request with a grammar speculates too: the scheduler cuts the proposals its grammar
-        forbids."""
+        """The most tokens req may propose this step: its k (`spec_policy`), within `room`
+        budget tokens beyond its own, the positions left before `max_model_len`, and
+        `max_tokens` (a verify row adds at most k + 1 tokens); 0 for a request that does not
+        speculate, in a step of more than `disable_by_batch_size` running requests, or while
+        its acceptance has it paused. A request with a grammar speculates too: the scheduler
+        cuts the proposals its grammar forbids."""
         cfg, p = self.cfg, req.params
         if cfg is None or not p.speculative or not req.output_token_ids:
             return 0
         if not step_allows(cfg, num_running) or not request_allows(req.spec_acceptance, self.step):
             return 0
         left = p.max_tokens - len(req.output_token_ids) - 1
-        return max(0, min(cfg.num_speculative_tokens, room, max_model_len - req.num_tokens, left))
+        k = self._k_for(cfg, req.spec_acceptance)
+        return max(0, min(k, room, max_model_len - req.num_tokens, left))
 
     def prepare(
         self, decoding: Sequence[Request], room: int, max_model_len: int, num_running: int = 1

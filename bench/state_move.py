@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from offline import SHAPES  # noqa: E402
+from spec_decode import _cpu_model  # noqa: E402
 
 from shortconv.cache import state_bundle  # noqa: E402
 from shortconv.cache.kept_state import kept_state  # noqa: E402
@@ -150,16 +151,6 @@ def check_continuation(a: LLMEngine, b: LLMEngine, data: bytes, prompt: list[int
     assert got == want, f"moved session diverged: {got} != {want}"
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def report(rows: list[Row]) -> None:
     kib = 1024
     print(
@@ -193,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     size = "quick" if args.quick else "full"
     print(
-        f"# state_move: {cpu_model()}; threads {args.threads}; {args.dtype}; runs {args.runs}; "
+        f"# state_move: {_cpu_model()}; threads {args.threads}; {args.dtype}; runs {args.runs}; "
         f"load avg {os.getloadavg()[0]:.2f}",
         flush=True,
     )

@@ -151,23 +151,21 @@ def check_continuation(a: LLMEngine, b: LLMEngine, data: bytes, prompt: list[int
     assert got == want, f"moved session diverged: {got} != {want}"
 
 
-def report(rows: list[Row]) -> None:
+HEADER = (
+    "| shape | context | checkpoints | conv/CCA state KiB | KV KiB | bundle KiB | export ms | "
+    "serialize ms | deserialize ms | import ms | handoff ms | re-prefill ms | prefill/handoff |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def row_line(r: Row) -> str:
     kib = 1024
-    print(
-        "| shape | context | checkpoints | conv/CCA state KiB | KV KiB | bundle KiB | export ms | "
-        "serialize ms | deserialize ms | import ms | handoff ms | re-prefill ms | prefill/handoff |"
+    return (
+        f"| {r.shape} | {r.ctx} | {r.checkpoints} | {r.state_bytes / kib:.1f} | "
+        f"{r.kv_bytes / kib:.1f} | {r.bundle_bytes / kib:.1f} | {r.export_s * 1e3:.2f} | "
+        f"{r.serialize_s * 1e3:.2f} | {r.deserialize_s * 1e3:.2f} | {r.import_s * 1e3:.2f} | "
+        f"{r.handoff_s * 1e3:.2f} | {r.prefill_s * 1e3:.1f} | {r.prefill_s / r.handoff_s:.1f}x |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r.shape} | {r.ctx} | {r.checkpoints} | {r.state_bytes / kib:.1f} | "
-            f"{r.kv_bytes / kib:.1f} | "
-            f"{r.bundle_bytes / kib:.1f} | {r.export_s * 1e3:.2f} | {r.serialize_s * 1e3:.2f} | "
-            f"{r.deserialize_s * 1e3:.2f} | {r.import_s * 1e3:.2f} | {r.handoff_s * 1e3:.2f} | "
-            f"{r.prefill_s * 1e3:.1f} | {r.prefill_s / r.handoff_s:.1f}x |"
-        )
-    ratios = " ".join(f"{r.shape}@{r.ctx}={r.prefill_s / r.handoff_s:.1f}x" for r in rows)
-    print(f"\nSUMMARY state_move prefill/handoff {ratios}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -188,10 +186,18 @@ def main(argv: list[str] | None = None) -> None:
         f"load avg {os.getloadavg()[0]:.2f}",
         flush=True,
     )
+    print(HEADER, flush=True)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.ckpt_dir or tmp)
-        rows = [bench_one(s, c, args, root) for s in SHAPE_NAMES[size] for c in CONTEXTS[size]]
-    report(rows)
+        # NOTE: the short contexts first, each row as it is measured: a slow machine still
+        # reports something before the long prefills finish.
+        for ctx in CONTEXTS[size]:
+            for shape in SHAPE_NAMES[size]:
+                rows.append(bench_one(shape, ctx, args, root))
+                print(row_line(rows[-1]), flush=True)
+    ratios = " ".join(f"{r.shape}@{r.ctx}={r.prefill_s / r.handoff_s:.1f}x" for r in rows)
+    print(f"\nSUMMARY state_move prefill/handoff {ratios}")
     print(f"# load avg at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import ray
 import torch
@@ -22,6 +23,7 @@ from shortconv.engine.stats import StartupReport
 from shortconv.engine.step_delta import StepDelta
 from shortconv.errors import ConfigError
 from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.state_shards import state_shards
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.lora.adapter import LoraAdapter, LoraError
 from shortconv.models.registry import model_class
@@ -109,6 +111,7 @@ class RayExecutor(BaseExecutor):
         if dispatch not in ("actor", "compiled"):
             raise ConfigError(f"dispatch must be 'actor' or 'compiled', got {dispatch!r}")
         self.tp_size = tp_size
+        self._shards = state_shards(spec.model_cfg, tp_size)  # bound once: export/import
         self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
         self.workers: list[Any] = []
         self._dispatch: BaseDispatch | None = None
@@ -207,12 +210,39 @@ class RayExecutor(BaseExecutor):
         try:
             self.call_workers("load_lora", slot, ref)
         except RayTaskError as exc:
+            # The refusal's reason (a metrics label) travels with it: not _raise_cause.
             if isinstance(exc.cause, LoraError):
                 raise LoraError(str(exc.cause), exc.cause.reason) from None
             raise
 
     def unload_lora(self, slot: int) -> None:
         self.call_workers("unload_lora", slot)
+
+    def read_state(
+        self, slots: Sequence[int], pages: Sequence[Sequence[int]]
+    ) -> dict[str, torch.Tensor]:
+        """Every rank's shard, gathered into the unsharded layout a bundle carries
+        (`execution.state_shards`), between steps like `load_lora`."""
+        return self._shards.gather(self.call_workers("read_state", slots, pages))
+
+    def write_state(
+        self,
+        slots: Sequence[int],
+        pages: Sequence[Sequence[int]],
+        tensors: Mapping[str, torch.Tensor],
+    ) -> None:
+        """Cut each rank's shard out of unsharded `tensors` and write it. NOTE: dim 2 (the
+        sharded one) is checked here and every other dim, equal on all ranks, by each rank
+        before its first write, so a bundle that does not fit writes nothing anywhere."""
+        parts = self._shards.scatter(tensors)
+        if not self.workers:
+            raise ExecutorError(self._error or "executor is shut down")
+        w = self.workers
+        refs = [r.write_state.remote(slots, pages, p) for r, p in zip(w, parts, strict=True)]
+        try:
+            self._get(refs, self.step_timeout_s, "TP workers did not answer write_state()")
+        except RayTaskError as exc:
+            _raise_cause(exc, ValueError)
 
     def check_health(self) -> None:
         """Raise ExecutorError when a rank is dead. A rank busy with a long step is not
@@ -286,6 +316,13 @@ class RayExecutor(BaseExecutor):
         if self._owns_runtime:
             self._owns_runtime = False
             release_runtime()
+
+
+def _raise_cause(exc: RayTaskError, kind: type[Exception]) -> NoReturn:
+    """A rank's refusal of type `kind` as itself (not Ray's wrapper); anything else as is."""
+    if isinstance(exc.cause, kind):
+        raise kind(str(exc.cause)) from None
+    raise exc
 
 
 def _kill_all(workers: list[Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import ray
@@ -16,6 +17,7 @@ from shortconv.engine.step_delta import StepDelta
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.persistent_batch import PersistentBatch
 from shortconv.execution.runner import ModelRunner
+from shortconv.execution.state_io import gather_state, scatter_state
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.lora.adapter import LoraAdapter
 from workers.cpu_threads import follow_reservation
@@ -73,6 +75,22 @@ class TPWorker:
     def lora_slot_sum(self, slot: int) -> float:
         """This rank's LoRA slot `slot`, summed (0 when empty; for tests)."""
         return self._ready().lora_slot_sum(slot)
+
+    def read_state(
+        self, slots: Sequence[int], pages: Sequence[Sequence[int]]
+    ) -> dict[str, torch.Tensor]:
+        """This rank's shard of checkpoints' state (`execution.state_io.gather_state`)."""
+        return gather_state(self._ready().pool, slots, pages)
+
+    def write_state(
+        self,
+        slots: Sequence[int],
+        pages: Sequence[Sequence[int]],
+        tensors: Mapping[str, torch.Tensor],
+    ) -> None:
+        """Write this rank's shard (`execution.state_io.scatter_state`: every shape checked
+        before the first write)."""
+        scatter_state(self._ready().pool, slots, pages, tensors)
 
     def _ready(self) -> ModelRunner:
         if self.runner is None:

@@ -12,6 +12,9 @@ re-rendered by the template, often diverges inside the previous answer and can o
 from the prompt's end. They share KV pages, so pages are stored once and each checkpoint lists
 the ones it reads.
 
+Tensors are in the unsharded (tp_size 1) layout whatever the exporter's TP degree: the executor
+gathers the ranks' shards on export and cuts them back out on import (`execution.state_shards`).
+
 Tensor names: a state kind's name (`conv`, ZAYA1's `prev_hs`, ...) is `[n_layers,
 n_checkpoints, *shape]`, one slot per checkpoint in header order; `kv{g}.k` / `kv{g}.v` are KV
 group g's distinct pages, `[n_layers, n_pages * page_size, Hk, d]`. Checkpoint c reads logical
@@ -52,7 +55,7 @@ class BundleLayout:
 
     fingerprint: str  # model identity (`engine.model_fingerprint`)
     dtype: str  # e.g. "torch.bfloat16"
-    tp_size: int
+    tp_size: int  # the exporter's degree (for the record: tensors are always unsharded)
     page_size: int
 
 

@@ -37,7 +37,7 @@ class BaseExecutor(ABC):
         self, slots: Sequence[int], pages: Sequence[Sequence[int]]
     ) -> dict[str, torch.Tensor]:
         """Host copies of checkpoints' state (one slot each) (`execution.state_io.gather_state`)."""
-        raise NotImplementedError(f"state export at tp_size={self.tp_size} (tp_size 1 only)")
+        raise NotImplementedError(f"{type(self).__name__} does not export state")
 
     def write_state(
         self,
@@ -47,7 +47,7 @@ class BaseExecutor(ABC):
     ) -> None:
         """Write checkpoints' state (`execution.state_io.scatter_state`); ValueError, and
         nothing written, when a shape does not fit."""
-        raise NotImplementedError(f"state import at tp_size={self.tp_size} (tp_size 1 only)")
+        raise NotImplementedError(f"{type(self).__name__} does not import state")
 
     def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
         """Write a LoRA adapter into slot `slot` on every rank (LoraError where it does not

@@ -107,10 +107,11 @@ class SessionState:
 
     def _check(self, bundle: StateBundle) -> None:
         ours, theirs = self.layout(), bundle.layout
-        for what in ("fingerprint", "dtype", "tp_size", "page_size"):
+        # NOTE: not tp_size: tensors travel unsharded (`execution.state_shards`), so a bundle
+        # from any TP degree re-slices into this engine's ranks.
+        for what in ("fingerprint", "dtype", "page_size"):
             a, b = getattr(theirs, what), getattr(ours, what)
             if a != b:
-                # NOTE: re-slicing another TP degree's shards is a later stage: refused here.
                 raise BundleError(what, f"bundle {what} {a!r}, this engine {b!r}")
         if not bundle.checkpoints:
             raise BundleError("format", "a bundle holds at least one checkpoint")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,6 +20,9 @@ from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.layers.short_conv import ShortConv
 from shortconv.layers.vocab import LMHead, VocabEmbedding
 from shortconv.models.weights import WeightLoader
+
+if TYPE_CHECKING:
+    from shortconv.execution.state_shards import Rows
 
 
 class Lfm2Layer(nn.Module):
@@ -93,6 +97,13 @@ class Lfm2ForCausalLM(nn.Module):
     def state_specs(cfg: ModelConfig, tp: ParallelContext) -> list[StateSpec]:
         dim = tp.shard(cfg.hidden_size, "conv channels (hidden_size)")
         return [StateSpec("conv", cfg.conv_layer_ids, (dim, cfg.conv_width - 1))]
+
+    @staticmethod
+    def state_rows(cfg: ModelConfig, tp: ParallelContext) -> dict[str, Rows]:
+        """The channels of every state kind this rank holds (`execution.state_shards`): a
+        contiguous block of the conv's hidden_size channels."""
+        dim = tp.shard(cfg.hidden_size, "conv channels (hidden_size)")
+        return {"conv": ((tp.rank * dim, (tp.rank + 1) * dim),)}
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         loader = WeightLoader(self, self.tp, self.hf_to_ours())

@@ -8,6 +8,8 @@ and decode is the language model's own, so state and logits are its.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -15,6 +17,9 @@ from shortconv.cache.state_pool import StateSpec
 from shortconv.configs.config import ModelConfig
 from shortconv.execution.backend import BaseStateBackend
 from shortconv.execution.parallel import ParallelContext
+
+if TYPE_CHECKING:
+    from shortconv.execution.state_shards import Rows
 
 
 class VisionLanguageModel(nn.Module):
@@ -46,3 +51,7 @@ class VisionLanguageModel(nn.Module):
     @classmethod
     def state_specs(cls, cfg: ModelConfig, tp: ParallelContext) -> list[StateSpec]:
         return cls.language_class.state_specs(cfg, tp)
+
+    @classmethod
+    def state_rows(cls, cfg: ModelConfig, tp: ParallelContext) -> dict[str, Rows]:
+        return cls.language_class.state_rows(cfg, tp)

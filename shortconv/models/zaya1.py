@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,14 +19,18 @@ from shortconv.configs.config import ModelConfig
 from shortconv.configs.hf.zaya1 import CONVERTER_HINT
 from shortconv.errors import CheckpointError
 from shortconv.execution.backend import BaseStateBackend
+from shortconv.execution.head_shard import head_shard
 from shortconv.execution.parallel import ParallelContext
-from shortconv.layers.cca import CCAAttention, cca_state_dims
+from shortconv.layers.cca import CCAAttention, cca_state_dims, qk_rows, value_rows
 from shortconv.layers.linear import mark_shard
 from shortconv.layers.norm import RMSNorm
 from shortconv.layers.rotary import RotaryEmbedding
 from shortconv.layers.vocab import LMHead, VocabEmbedding
 from shortconv.layers.zaya_moe import ZayaMoE
 from shortconv.models.weights import WeightLoader
+
+if TYPE_CHECKING:
+    from shortconv.execution.state_shards import Rows
 
 __all__ = ["ZayaForCausalLM"]
 
@@ -118,6 +123,13 @@ class ZayaForCausalLM(nn.Module):
             StateSpec("conv", cfg.conv_layer_ids, (chans, width)),
             StateSpec("prev_state", cfg.conv_layer_ids, (prev,)),
         ]
+
+    @staticmethod
+    def state_rows(cfg: ModelConfig, tp: ParallelContext) -> dict[str, Rows]:
+        """The channels of every state kind this rank holds (`execution.state_shards`): its
+        q‖k conv channels, and its part of the previous-token value."""
+        heads = head_shard(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank)
+        return {"conv": qk_rows(cfg, heads), "prev_state": (value_rows(cfg, heads)[1],)}
 
     @staticmethod
     def hf_to_ours() -> dict[str, str]:

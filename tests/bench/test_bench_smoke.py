@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("bench/kernels.py", "SUMMARY kernels"),
         ("bench/spec_decode.py", "SUMMARY spec_decode"),
         ("bench/lora.py", "SUMMARY lora int8"),
+        ("bench/state_move.py", "SUMMARY state_move"),
     ],
 )
 def test_bench_quick(script: str, marker: str) -> None:

@@ -247,9 +247,10 @@ def test_import_with_no_room_refuses_and_leaks_nothing(ckpt):
 
 
 def test_other_layout_is_refused(ckpt):
+    """Not another TP degree: tensors travel unsharded (tests/workers/test_tp_state_move.py)."""
     _, _, bundle = first_turn(ckpt)
     b = decode(bundle)
-    for field, value in [("dtype", "torch.bfloat16"), ("tp_size", 2), ("page_size", 8)]:
+    for field, value in [("dtype", "torch.bfloat16"), ("page_size", 8)]:
         layout = BundleLayout(**{**b.layout.__dict__, field: value})
         other = encode(StateBundle(layout, b.token_ids, b.checkpoints, b.tensors))
         eng = engine(ckpt)

@@ -33,12 +33,13 @@ EMA_WEIGHT = 0.3
 # propose: a guess, not an observation, so it counts a third as much. A dropped position
 # comes back after a run of such rows, not after the first lucky one.
 PROBE_WEIGHT = EMA_WEIGHT / 3
+
+
 # A position not proposed now is proposed again once its chance reaches twice the bar, or
 # halfway from the bar to 1 when that is lower (reachable for any bar). Hysteresis: a
 # rejection takes the estimate just under the bar, and one probe would lift it just over.
 def regrow_bar(bar: float) -> float:
     return min(2.0 * bar, (1.0 + bar) / 2.0)
-
 
 
 @dataclass

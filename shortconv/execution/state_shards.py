@@ -23,9 +23,9 @@ from shortconv.cache.kv_groups import kv_groups
 from shortconv.configs.config import ModelConfig
 from shortconv.execution.head_shard import head_shard
 from shortconv.execution.parallel import ParallelContext
+from shortconv.execution.shard_rows import Rows
 from shortconv.models.registry import model_class
 
-Rows = tuple[tuple[int, int], ...]  # [start, stop) ranges along dim 2, in the shard's order
 _DIM = 2
 
 

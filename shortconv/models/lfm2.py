@@ -22,7 +22,7 @@ from shortconv.layers.vocab import LMHead, VocabEmbedding
 from shortconv.models.weights import WeightLoader
 
 if TYPE_CHECKING:
-    from shortconv.execution.state_shards import Rows
+    from shortconv.execution.shard_rows import Rows
 
 
 class Lfm2Layer(nn.Module):

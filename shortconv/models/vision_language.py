@@ -19,7 +19,7 @@ from shortconv.execution.backend import BaseStateBackend
 from shortconv.execution.parallel import ParallelContext
 
 if TYPE_CHECKING:
-    from shortconv.execution.state_shards import Rows
+    from shortconv.execution.shard_rows import Rows
 
 
 class VisionLanguageModel(nn.Module):

@@ -30,7 +30,7 @@ from shortconv.layers.zaya_moe import ZayaMoE
 from shortconv.models.weights import WeightLoader
 
 if TYPE_CHECKING:
-    from shortconv.execution.state_shards import Rows
+    from shortconv.execution.shard_rows import Rows
 
 __all__ = ["ZayaForCausalLM"]
 

@@ -30,6 +30,8 @@ from shortconv.engine.outputs import RequestOutput  # noqa: E402
 from shortconv.engine.plan import StepPlan, StepResult  # noqa: E402
 from shortconv.execution.local_executor import LocalExecutor  # noqa: E402
 from shortconv.execution.worker_spec import WorkerSpec, plan_worker_spec  # noqa: E402
+from shortconv.kernels import cpu_gemm as cg  # noqa: E402
+from shortconv.kernels.cpu_gemm_q4 import q4_int8_activations  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
 from workers.cpu_threads import threads_for  # noqa: E402
@@ -344,9 +346,13 @@ def test_tp_quantized_equals_tp1_quantized(group: Group, method: str) -> None:
     split, and decode TP 1's quantized tokens. Logprobs agree to 1e-3 rather than fp32's 1e-4
     (int8 measured 1.6e-4): TP's own fp32 summation-order differences in the activations move
     an occasional value across an int16 rounding boundary (1/32767 of its block's largest
-    magnitude)."""
+    magnitude). int4 on a VNNI CPU rounds activations to int8 (1/127 of the block's largest
+    magnitude, 258x coarser): there crossings moved a logprob by 0.021 and 0.064 in two runs
+    (LFM2, on the Xeon), so its bound is 0.15, and the test's weight is on the tokens, which
+    must still be TP 1's (a per-row min, which straddles the ranks, fails that at token 0)."""
     if group.arch != "lfm2":
         pytest.skip("checked on LFM2: quantization is per layer kind, not per architecture")
+    coarse = method == "int4" and cg.load() is None and q4_int8_activations()
     spec = replace(group.spec, engine_cfg=replace(engine_config(), quantization=method))
     tp1, tp2 = LocalExecutor(spec), RayExecutor(spec, 2, num_cpus_per_worker=WORKER_CPUS)
     try:
@@ -354,7 +360,7 @@ def test_tp_quantized_equals_tp1_quantized(group: Group, method: str) -> None:
         got = drive(LLMEngine(spec, tp2), {0: PROMPTS})
         assert sorted(got) == sorted(ref)
         for rid in ref:
-            assert_same_greedy(got[rid], ref[rid], tol=1e-3)
+            assert_same_greedy(got[rid], ref[rid], tol=0.15 if coarse else 1e-3)
         assert method in tp1.runner.weight_bytes and method in tp2.weight_bytes()
     finally:
         tp2.shutdown()

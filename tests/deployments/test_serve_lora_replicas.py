@@ -7,6 +7,8 @@ the holder, after which the name is a 404 and no longer listed; unloading a YAML
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from lora_adapters import make_adapter
@@ -116,10 +118,13 @@ def _models(http: httpx.Client, url: str) -> tuple[str, dict[str, dict]]:
 
 
 def _models_from_another(http: httpx.Client, url: str, holder: str) -> dict[str, dict]:
-    """`/v1/models` as a replica other than `holder` answers it (the router picks at random
-    between the two: 40 tries all landing on the holder is a 1e-12 chance)."""
-    for _ in range(40):
+    """`/v1/models` as a replica other than `holder` answers it. The router picks between the
+    two by their queue lengths, which it probes: on a loaded machine a late probe can leave it
+    on the holder for a while (the full suite once saw 40 calls in a row there), so the tries
+    are spread over up to 30 s."""
+    for _ in range(120):
         replica, cards = _models(http, url)
         if replica != holder:
             return cards
+        time.sleep(0.25)
     raise AssertionError("every /v1/models call went to the holder")

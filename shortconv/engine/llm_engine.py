@@ -11,11 +11,11 @@ from concurrent.futures import Future
 from shortconv.cache.allocators import PageAllocator, SlotAllocator
 from shortconv.cache.sessions import SessionPins
 from shortconv.cache.window_pages import window_groups
-from shortconv.configs.config import ModelConfig
 from shortconv.engine.draft_proposer import DraftProposer
 from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.forks import seq_ids
 from shortconv.engine.images import AnyImage, ImageSpec, PlacedImage
+from shortconv.engine.model_facts import checkpoint_bytes, extra_state_name
 from shortconv.engine.occupancy import engine_stats
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.engine.request import Request
@@ -106,9 +106,9 @@ class LLMEngine:
         self._counts = {"prompt": 0, "generation": 0, "cached": 0, "images": 0}
         self._encoder_seconds = 0.0
         self._finished: dict[str, int] = {}
-        extra = _extra_state(self.model_cfg)
+        extra = extra_state_name(self.model_cfg)
         self._pools = ("conv",) + ((extra,) if extra else ())
-        self.checkpoint_bytes = _bytes_per_slot(spec)  # one checkpoint, whole model
+        self.checkpoint_bytes = checkpoint_bytes(spec)  # one checkpoint, whole model
         self.weight_bytes = executor.weight_bytes()  # rank 0's, by dtype (a metrics gauge)
         self.loras: EngineLoras | None = None
         if eng.enable_lora:
@@ -407,16 +407,6 @@ class LLMEngine:
         self.executor.shutdown()
 
 
-def _bytes_per_slot(spec: WorkerSpec) -> int:
-    """What one state slot (so one prefix-cache checkpoint) costs, every state kind, summed
-    over the model (at tp_size > 1 each rank holds its shard of it)."""
-    from shortconv.execution.parallel import SINGLE
-    from shortconv.models.registry import model_class
-
-    specs = model_class(spec.model_cfg.arch).state_specs(spec.model_cfg, SINGLE)
-    return sum(s.bytes_per_slot(spec.dtype.itemsize) for s in specs)
-
-
 def _build_draft(spec: WorkerSpec, tokenizer: Tokenizer | None) -> DraftProposer | None:
     """method draft_model's proposer (the draft runs in this process: `engine.draft_model`)."""
     speculative = spec.engine_cfg.speculative_config
@@ -425,9 +415,3 @@ def _build_draft(spec: WorkerSpec, tokenizer: Tokenizer | None) -> DraftProposer
     from shortconv.engine.draft_model import build_draft_proposer
 
     return build_draft_proposer(spec, tokenizer, speculative)
-
-
-def _extra_state(cfg: ModelConfig) -> str | None:
-    from shortconv.models.registry import model_class
-
-    return getattr(model_class(cfg.arch), "extra_state_name", None)

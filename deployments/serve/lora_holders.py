@@ -10,7 +10,7 @@ it on that request, deployments/frontend/openai/loras.py, so it holds it from th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from ray.serve.request_router import ReplicaID, RunningReplica
@@ -18,33 +18,27 @@ from ray.serve.request_router import ReplicaID, RunningReplica
 from deployments.frontend.openai.replica import RequestContext
 from deployments.serve.prefix_owners import claims
 
-# A replica's report may have been taken before a load we routed to it had finished: a report
-# counts against our record only once it is at least this much younger than the record (Serve
-# collects routing stats every few seconds; under load the round trip took longer).
-STALE_REPORT_S = 30.0
-
 
 class LoraHolders:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._reported: dict[str, set[ReplicaID]] = {}
-        self._routed: dict[str, dict[ReplicaID, float]] = {}  # name -> replica -> when routed
+        self._routed: dict[str, dict[ReplicaID, float]] = {}  # name -> replica -> when (epoch s)
 
     def update_reports(self, replicas: Iterable[RunningReplica]) -> None:
         replicas = list(replicas)
         self._reported = reported = claims(replicas, "loras", str)
-        # NOTE: a report is the truth for that replica: drop our records it contradicts (an
-        # unloaded adapter), keeping those of replicas that have not reported since and those
-        # too recent for the report to have seen.
-        reporting = {r.replica_id for r in replicas if r.routing_stats}
-        settled = self._clock() - STALE_REPORT_S
-        for name, ids in self._routed.items():
-            for rid in (reporting - reported.get(name, set())) & ids.keys():
-                if ids[rid] <= settled:
-                    del ids[rid]
+        # NOTE: a report is the truth for that replica from when its list last changed
+        # (`loras_at`): it drops our records of that replica it contradicts (an unloaded
+        # adapter) when they are older, and none made since (a load the list predates).
+        for r in replicas:
+            at = float((r.routing_stats or {}).get("loras_at", float("-inf")))
+            for name, ids in self._routed.items():
+                when = ids.get(r.replica_id)
+                if when is not None and when < at and r.replica_id not in reported.get(name, ()):
+                    del ids[r.replica_id]
 
     def record_routed(self, name: str, replica_id: ReplicaID) -> None:
-        self._routed.setdefault(name, {})[replica_id] = self._clock()
+        self._routed.setdefault(name, {})[replica_id] = time.time()
 
     def forget(self, name: str, replica_id: ReplicaID) -> None:
         """`replica_id` was sent `name`'s unload: not a holder, until a report says it is."""

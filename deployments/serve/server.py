@@ -167,6 +167,7 @@ class LLMServer(OpenAIReplica):
             "sessions": dict(self.engine.stats().get("sessions", {})),
             "prefixes": self.prefixes.report(),
             "loras": sorted(self.loras.paths),  # the adapters held here (lora_holders.py)
+            "loras_at": self.loras.changed_at,  # when that list last changed
         }
 
     def __del__(self) -> None:

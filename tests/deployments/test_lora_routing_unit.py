@@ -5,6 +5,7 @@ without the adapter loads it on a miss from the ingress's record (or answers 404
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -16,12 +17,14 @@ from test_serve_router import StubReplica, make_router
 from deployments.frontend.openai.errors import APIError
 from deployments.frontend.openai.loras import ReplicaLoras
 from deployments.frontend.routing.lora_paths import LoraPaths
-from deployments.serve.lora_holders import STALE_REPORT_S
 
 
-def holding(uid: str, loras: list[str], sessions: dict[str, float] | None = None) -> Any:
+def holding(
+    uid: str, loras: list[str], sessions: dict[str, float] | None = None, at: float = 0.0
+) -> Any:
     r = StubReplica(uid, sessions)
     r.routing_stats["loras"] = loras
+    r.routing_stats["loras_at"] = at  # when the replica's list last changed (epoch s)
     return r
 
 
@@ -57,16 +60,13 @@ def test_router_records_where_it_sent_an_adapter_until_a_report_says_otherwise()
         a, b = holding("a", []), holding("b", [])
         router = make_router([a, b])
         req = lora_request("z")
-        now = [100.0]
-        router._loras._clock = lambda: now[0]
         router.on_request_routed(req, b.replica_id, None)  # b loads z on this request
         assert await choose(router, lora_request("z")) == [["b"], ["a"]]
-        # A report right after the load may predate it: the record stands.
-        router.update_replicas([a, holding("b", [])])  # type: ignore[list-item]
+        # A report whose list predates the load leaves the record standing.
+        router.update_replicas([a, holding("b", [], at=time.time() - 60)])  # type: ignore[list-item]
         assert await choose(router, lora_request("z")) == [["b"], ["a"]]
-        now[0] += STALE_REPORT_S
-        router.update_replicas([a, holding("b", [])])  # type: ignore[list-item]
-        assert await choose(router, lora_request("z")) == [["a", "b"]]  # b unloaded it
+        router.update_replicas([a, holding("b", [], at=time.time() + 1)])  # type: ignore[list-item]
+        assert await choose(router, lora_request("z")) == [["a", "b"]]  # b unloaded it since
 
     asyncio.run(main())
 

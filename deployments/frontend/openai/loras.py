@@ -12,6 +12,7 @@ engine's: those loaded at start (`lora_modules`) and those loaded through this r
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,6 +64,9 @@ class ReplicaLoras:
     def __init__(self, base_name: str, lora_modules: dict[str, str] | None) -> None:
         self.base_name = base_name
         self.paths: dict[str, str] = dict(lora_modules or {})
+        # When `paths` last changed (epoch seconds): the router weighs this replica's report
+        # of them against its own records by it, as it does sessions' claims.
+        self.changed_at = time.time()
         self._lock = asyncio.Lock()  # NOTE: one load or unload at a time, so a miss loads once
 
     def adapter_for(self, model: str | None) -> str | None:
@@ -96,6 +100,7 @@ class ReplicaLoras:
             message = f"cannot load LoRA adapter {req.lora_name!r}: {error}"
             raise APIError(message, param="lora_path")
         self.paths[req.lora_name] = req.lora_path
+        self.changed_at = time.time()
         return {"object": "lora_adapter", "lora_name": req.lora_name, "status": "loaded"}
 
     async def unload(self, engine: AsyncEngine, req: UnloadLoraRequest) -> dict[str, Any]:
@@ -110,4 +115,5 @@ class ReplicaLoras:
             message = f"cannot unload LoRA adapter {req.lora_name!r}: {error}"
             raise APIError(message, param="lora_name")
         del self.paths[req.lora_name]
+        self.changed_at = time.time()
         return {"object": "lora_adapter", "lora_name": req.lora_name, "status": "unloaded"}

@@ -172,7 +172,8 @@ async def _burst_past_the_admission_limit(base: str, model: str, limit: int) -> 
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
         # A kept session holds its generation slot and (if one was spare) its prompt snapshot.
         before = await _idle_stats(client)
-        for attempt in range(3):
+        tries = 3
+        for _ in range(tries):
             sent = [
                 client.build_request("POST", "/v1/chat/completions", json=body)
                 for _ in range(limit + 8)
@@ -195,7 +196,7 @@ async def _burst_past_the_admission_limit(base: str, model: str, limit: int) -> 
             assert _held(stats) == _held(before), (before, stats)
             if 503 in codes:
                 return
-        raise AssertionError(f"no burst saw a 503 in {attempt + 1} tries (the last: {ended} ended)")
+        raise AssertionError(f"no burst saw a 503 in {tries} tries (the last: {ended} ended)")
 
 
 async def _ended(responses: Iterable[httpx.Response], within_s: float = 1.0) -> int:

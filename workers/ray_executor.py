@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import ray
 import torch
@@ -35,6 +35,7 @@ from workers.step_dispatch import (
     CompiledGraphDispatch,
     dead_ranks,
     describe,
+    wait_ranks,
 )
 from workers.tp_worker import TPWorker
 
@@ -210,7 +211,7 @@ class RayExecutor(BaseExecutor):
         try:
             self.call_workers("load_lora", slot, ref)
         except RayTaskError as exc:
-            # The refusal's reason (a metrics label) travels with it: not _raise_cause.
+            # The refusal's reason (a metrics label) travels with it, not only its message.
             if isinstance(exc.cause, LoraError):
                 raise LoraError(str(exc.cause), exc.cause.reason) from None
             raise
@@ -223,7 +224,7 @@ class RayExecutor(BaseExecutor):
     ) -> dict[str, torch.Tensor]:
         """Every rank's shard, gathered into the unsharded layout a bundle carries
         (`execution.state_shards`), between steps like `load_lora`."""
-        return self._shards.gather(self.call_workers("read_state", slots, pages))
+        return self._shards.gather(self._move_state("read_state", [(slots, pages)] * self.tp_size))
 
     def write_state(
         self,
@@ -235,14 +236,23 @@ class RayExecutor(BaseExecutor):
         sharded one) is checked here and every other dim, equal on all ranks, by each rank
         before its first write, so a bundle that does not fit writes nothing anywhere."""
         parts = self._shards.scatter(tensors)
+        self._move_state("write_state", [(slots, pages, p) for p in parts])
+
+    def _move_state(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """`method` on every rank with its own `args`. A rank that dies, fails or hangs fails
+        the executor, as a step would (its group cannot be trusted after it), and the error
+        names the rank; a rank's ValueError (a tensor that does not fit, refused before any
+        write) comes back as itself and leaves the executor working."""
+        if self._error is not None:
+            raise ExecutorError(self._error)
         if not self.workers:
-            raise ExecutorError(self._error or "executor is shut down")
-        w = self.workers
-        refs = [r.write_state.remote(slots, pages, p) for r, p in zip(w, parts, strict=True)]
+            raise ExecutorError("executor is shut down")
+        refs = [getattr(w, method).remote(*a) for w, a in zip(self.workers, args, strict=True)]
         try:
-            self._get(refs, self.step_timeout_s, "TP workers did not answer write_state()")
-        except RayTaskError as exc:
-            _raise_cause(exc, ValueError)
+            return wait_ranks(refs, self.step_timeout_s, f"{method}()", (ValueError,))
+        except ExecutorError as exc:
+            self._fail(str(exc))
+            raise ExecutorError(self._error or str(exc)) from exc
 
     def check_health(self) -> None:
         """Raise ExecutorError when a rank is dead. A rank busy with a long step is not
@@ -316,13 +326,6 @@ class RayExecutor(BaseExecutor):
         if self._owns_runtime:
             self._owns_runtime = False
             release_runtime()
-
-
-def _raise_cause(exc: RayTaskError, kind: type[Exception]) -> NoReturn:
-    """A rank's refusal of type `kind` as itself (not Ray's wrapper); anything else as is."""
-    if isinstance(exc.cause, kind):
-        raise kind(str(exc.cause)) from None
-    raise exc
 
 
 def _kill_all(workers: list[Any]) -> None:

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from shortconv.engine.executor import ExecutorError
 from shortconv.engine.plan import StepResult
@@ -49,6 +49,33 @@ def dead_ranks(workers: list[Any], timeout_s: float = 2.0) -> list[int]:
     return dead
 
 
+def wait_ranks(
+    refs: list[Any], timeout_s: float, what: str, passthrough: tuple[type[Exception], ...] = ()
+) -> list[Any]:
+    """Every rank's result of one call (`refs` in rank order), or ExecutorError naming the
+    first rank that died, failed or did not finish `what` within `timeout_s`. A rank's
+    exception of a `passthrough` type (a refusal, not a failure) is raised as itself.
+
+    NOTE: one ref at a time, so a dead rank is reported at once even while its peers sit
+    blocked in a collective waiting for it (a plain ray.get(refs) would wait on them)."""
+    rank_of = {ref: rank for rank, ref in enumerate(refs)}
+    deadline = time.monotonic() + timeout_s
+    pending = refs
+    while pending:
+        remaining = max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+        if not ready:
+            rank = rank_of[pending[0]]
+            raise ExecutorError(f"TP rank {rank} did not finish {what} within {timeout_s:.0f}s")
+        try:
+            ray.get(ready[0])
+        except RayError as exc:
+            if isinstance(exc, RayTaskError) and isinstance(exc.cause, passthrough):
+                raise type(exc.cause)(str(exc.cause)) from None
+            raise ExecutorError(f"{describe(exc, rank_of[ready[0]])} during {what}") from exc
+    return ray.get(refs)
+
+
 class BaseDispatch(ABC):
     def __init__(self, workers: list[Any], timeout_s: float) -> None:
         self.workers, self.timeout_s = workers, timeout_s
@@ -65,26 +92,7 @@ class BaseDispatch(ABC):
 class ActorCallDispatch(BaseDispatch):
     def run(self, delta: StepDelta) -> StepResult | None:
         refs = [w.execute.remote(delta) for w in self.workers]
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        deadline = time.monotonic() + self.timeout_s
-        pending = refs
-        # NOTE: one ref at a time, so a dead rank is reported at once even while its peers sit
-        # blocked in a collective waiting for it (a plain ray.get(refs) would wait on them).
-        while pending:
-            remaining = max(0.0, deadline - time.monotonic())
-            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
-            if not ready:
-                rank = rank_of[pending[0]]
-                raise ExecutorError(
-                    f"TP rank {rank} did not finish step {delta.step_id} "
-                    f"within {self.timeout_s:.0f}s"
-                )
-            try:
-                ray.get(ready[0])
-            except RayError as exc:
-                reason = describe(exc, rank_of[ready[0]])
-                raise ExecutorError(f"{reason} during step {delta.step_id}") from exc
-        return ray.get(refs[0])
+        return wait_ranks(refs, self.timeout_s, f"step {delta.step_id}")[0]
 
 
 class CompiledGraphDispatch(BaseDispatch):

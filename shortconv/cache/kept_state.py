@@ -74,22 +74,39 @@ def window_starts(cm: CacheManager, num_tokens: int) -> tuple[int, ...]:
 
 def reserve(cm: CacheManager, num_slots: int, num_pages: Sequence[int]) -> HeldIds | None:
     """Fresh slots and `num_pages[g]` pages of every KV group g (evicting cached entries LRU),
-    or None (and nothing held) when there is no room."""
+    or None (and nothing held) when there is no room. NOTE: an eviction may run the session
+    store's spill, which reads the ranks; whatever that raises, nothing taken here stays."""
     slots: list[int] = []
     got: list[tuple[int, ...]] = []
+    complete = False
+    try:
+        complete = _take(cm, num_slots, num_pages, slots, got)
+    finally:
+        if not complete:
+            give_back(cm, HeldIds(tuple(slots), tuple(got)))
+    return HeldIds(tuple(slots), tuple(got)) if complete else None
+
+
+def _take(
+    cm: CacheManager,
+    num_slots: int,
+    num_pages: Sequence[int],
+    slots: list[int],
+    got: list[tuple[int, ...]],
+) -> bool:
+    """Fill the caller's `slots` and `got` (so it can give back what a failure left); False
+    when the pools run out."""
     for _ in range(num_slots):
         slot = cm.alloc_slot()
         if slot is None:
-            give_back(cm, HeldIds(tuple(slots), ()))
-            return None
+            return False
         slots.append(slot)
     for g, n in enumerate(num_pages):
         pages = cm.kv.alloc(g, n)
         if pages is None:
-            give_back(cm, HeldIds(tuple(slots), tuple(got)))
-            return None
+            return False
         got.append(tuple(pages))
-    return HeldIds(tuple(slots), tuple(got))
+    return True
 
 
 def adopt(

@@ -17,10 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shortconv.cache import state_bundle
-from shortconv.cache.kept_state import adopt, give_back, kept_state, reserve, window_starts
+from shortconv.cache.kept_state import (
+    HeldIds,
+    adopt,
+    give_back,
+    kept_state,
+    reserve,
+    window_starts,
+)
 from shortconv.cache.manager import CacheManager
 from shortconv.cache.state_bundle import BundleCheckpoint, BundleError, BundleLayout, StateBundle
-from shortconv.engine.executor import BaseExecutor
+from shortconv.engine.executor import BaseExecutor, ExecutorError
 from shortconv.engine.model_fingerprint import model_fingerprint
 from shortconv.engine.session_store import SessionStore
 
@@ -64,7 +71,8 @@ class SessionState:
 
     def export(self, session_id: str) -> bytes | None:
         """The session's kept state as a bundle; None when it keeps none here (or this
-        executor cannot read state: counted as refused, `tp`)."""
+        executor cannot read state: counted as refused, `tp`). ExecutorError (counted
+        `executor`) when a rank dies or fails while its shard is read."""
         held = kept_state(self.cm, session_id)
         if held is None:
             return None
@@ -73,6 +81,9 @@ class SessionState:
         except NotImplementedError as exc:
             self._refuse("tp", str(exc))
             return None
+        except ExecutorError as exc:  # nothing was taken: the session keeps its pins
+            self._refuse("executor", str(exc))
+            raise
         bundle = StateBundle(self.layout(), held.token_ids, held.checkpoints, tensors)
         data = state_bundle.encode(bundle)
         self.counters.count("exported", len(data))
@@ -80,7 +91,9 @@ class SessionState:
 
     def import_(self, session_id: str, data: bytes) -> bool:
         """Take a bundle in as the session's kept state; False (counted, nothing held) when it
-        does not fit this engine or there is no room."""
+        does not fit this engine or there is no room. A rank that dies or fails while the
+        bundle is written raises ExecutorError (counted `executor`, nothing held): the
+        executor is failed then, and the session's next turn fails with the same error."""
         try:
             bundle = state_bundle.decode(data)
             self._check(bundle)
@@ -93,17 +106,30 @@ class SessionState:
         if ids is None:
             self._refuse("no_room", "no free slot or pages for the session's state")
             return False
-        try:
-            self.executor.write_state(ids.slots, ids.pages, bundle.tensors)
-        except (ValueError, NotImplementedError) as exc:
-            give_back(self.cm, ids)
-            self._refuse("shape" if isinstance(exc, ValueError) else "tp", str(exc))
+        if not self._write(ids, bundle):
             return False
         if not adopt(self.cm, session_id, bundle.token_ids, bundle.checkpoints, ids):
             self._refuse("no_room", "the checkpoint could not be kept")
             return False
         self.counters.count("imported", len(data))
         return True
+
+    def _write(self, ids: HeldIds, bundle: StateBundle) -> bool:
+        """Write the bundle's tensors into the reserved `ids`, their one owner until `adopt`
+        takes them: on a refusal (False) or any exception they all go back to the pools."""
+        written = False
+        try:
+            self.executor.write_state(ids.slots, ids.pages, bundle.tensors)
+            written = True
+        except (ValueError, NotImplementedError) as exc:
+            self._refuse("shape" if isinstance(exc, ValueError) else "tp", str(exc))
+        except ExecutorError as exc:
+            self._refuse("executor", str(exc))
+            raise
+        finally:
+            if not written:
+                give_back(self.cm, ids)
+        return written
 
     def _check(self, bundle: StateBundle) -> None:
         ours, theirs = self.layout(), bundle.layout
@@ -136,12 +162,20 @@ class SessionState:
 
     # ---- the session store ------------------------------------------------------------
     def spill(self, session_id: str) -> None:
-        """Save the session's kept state to the store (before an eviction, at shutdown)."""
+        """Save the session's kept state to the store (before an eviction, at shutdown).
+        NOTE: best effort, and never raises: the cache calls it in the middle of an eviction.
+        A spill that fails (a dead rank: counted `executor` by `export`, and the executor's
+        next step reports it; the store's disk: counted `store`) costs only a re-prefill."""
         assert self.store is not None
-        data = self.export(session_id)
-        if data is not None:
-            self.store.save(session_id, data)
-            self.counters.count("spilled", len(data))
+        try:
+            data = self.export(session_id)
+            if data is not None:
+                self.store.save(session_id, data)
+                self.counters.count("spilled", len(data))
+        except ExecutorError:
+            return
+        except OSError as exc:
+            self._refuse("store", f"session {session_id!r} not saved: {exc}")
 
     def spill_all(self) -> None:
         if self.store is not None:
@@ -157,7 +191,10 @@ class SessionState:
         if data is None:
             return False
         self.store.remove(session_id)
-        ok = self.import_(session_id, data)
+        try:
+            ok = self.import_(session_id, data)
+        except ExecutorError:
+            return False  # counted by import_; the request's own step fails with the error
         if ok:
             self.counters.count("restored", len(data))
         return ok

@@ -36,7 +36,9 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # weight_byt
 # What happens to a session state bundle, and why one is refused: the bundle's own checks
 # (truncated, checksum, version, format), a layout that is not this engine's (fingerprint,
 # dtype, tp_size, page_size), tensors that do not fit (shape), no free slot or pages (no_room),
-# an executor that cannot move state (tp). `engine.session_state` counts only these.
+# an executor that cannot move state (tp), a TP rank that died or failed while state moved
+# (executor), a session store that could not save a spill (store). `engine.session_state`
+# counts only these.
 SESSION_STATE_EVENTS = ("exported", "imported", "spilled", "restored")
 SESSION_STATE_REFUSALS = (
     "truncated",
@@ -50,6 +52,8 @@ SESSION_STATE_REFUSALS = (
     "shape",
     "no_room",
     "tp",
+    "executor",
+    "store",
 )
 # Why a LoRA adapter's load was refused (`lora.adapter.LoraError.reason`): its files missing
 # or unreadable, PEFT options or config not implemented, a target module this model does not

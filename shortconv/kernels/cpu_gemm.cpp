@@ -19,8 +19,8 @@
 // rows: 12 accumulators, 3 x vectors and a weight vector fill AVX2's 16 registers. Every
 // output is its own row's sums in one fixed order, so a row's result does not depend on the
 // batch or the thread count. Compiled with -mavx2 -mfma (no -march=native), one build for every
-// AVX2 machine; the fp32 and q8 tiles' AVX-512 twins are compiled per function (target
-// attribute) and taken at load where the CPU has AVX-512F and BW. Python checks the CPU before loading it and holds
+// AVX2 machine; the fp32 and q8 tiles' AVX-512 twins (and q8's VNNI ones) are compiled per
+// function (target attribute) and taken at load where the CPU has AVX-512F and BW (and VNNI). Python checks the CPU before loading it and holds
 // the float64 references (shortconv/kernels/cpu_gemm.py).
 
 #include <immintrin.h>

@@ -19,8 +19,8 @@
 // rows: 12 accumulators, 3 x vectors and a weight vector fill AVX2's 16 registers. Every
 // output is its own row's sums in one fixed order, so a row's result does not depend on the
 // batch or the thread count. Compiled with -mavx2 -mfma (no -march=native), one build for every
-// AVX2 machine; the fp32 and q8 tiles' AVX-512 twins are compiled per function (target
-// attribute) and taken at load where the CPU has AVX-512F and BW. Python checks the CPU before loading it and holds
+// AVX2 machine; the fp32 and q8 tiles' AVX-512 twins (and q8's VNNI ones) are compiled per
+// function (target attribute) and taken at load where the CPU has AVX-512F and BW (and VNNI). Python checks the CPU before loading it and holds
 // the float64 references (shortconv/kernels/cpu_gemm.py).
 
 #include <immintrin.h>
@@ -156,7 +156,8 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
     for (int m = 0; m < MR; ++m) y[m * ldy + r] = hsum(acc[r][m]);
 }
 
-#include "cpu_gemm_q8_512.inc"  // the q8 tiles' AVX-512 twins
+#include "cpu_gemm_q8_512.inc"   // the q8 tiles' AVX-512 twins
+#include "cpu_gemm_q8_vnni.inc"  // and their VNNI twins (4 blocks a register)
 
 // R weight rows against every row of x, kMaxMR x rows at a time.
 template <int R>
@@ -287,12 +288,17 @@ at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Ten
   const float *sp = s.data_ptr<float>(), *xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const X16 x16 = quantize_x<int16_t>(xp, M, K);
-  const X16Pairs x16p = wide_tiles() ? pair_blocks(x16, M, K, 8) : X16Pairs{};
+  // The tile set is read once per call: x is laid out for the one that runs.
+  const bool vnni = g_isa == Isa::kAvx512Vnni, wide = wide_tiles() && !vnni;
+  const X16Quads x16q = vnni ? quad_blocks(x16, M, K) : X16Quads{};
+  const X16Pairs x16p = wide ? pair_blocks(x16, M, K, 8) : X16Pairs{};
   for_tiles(N, K, 1, [&](int64_t n0, int64_t nr) {
     Q8Row rows[kRows];
     for (int64_t r = 0; r < nr; ++r) rows[r] = Q8Row{qp + (n0 + r) * K, sp + (n0 + r) * nb};
     run_tile(rows, nr, n0, [&](auto R, const Q8Row* rs, int64_t n) {
-      if (wide_tiles()) {
+      if (vnni) {
+        q8_rows_vnni<R>(rs, K, x16q, M, yp + n, N);
+      } else if (wide) {
         q8_rows_512<R>(rs, K, x16p, M, yp + n, N);
       } else {
         q8_rows<R>(rs, K, x16, M, yp + n, N);

@@ -35,7 +35,7 @@ SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 # tiles): all of them key the cache.
 SOURCES = (SOURCE,) + tuple(
     SOURCE.with_name(f"cpu_gemm_{part}.inc")
-    for part in ("q4", "f32_512", "q8_512", "q4_512", "q4_vnni")
+    for part in ("q4", "f32_512", "q8_512", "q8_vnni", "q4_512", "q4_vnni")
 )
 _LOCK = threading.Lock()
 _STATE: dict[str, str | None] = {}  # "error": why the kernels are unavailable, None once loaded
@@ -127,7 +127,8 @@ def gemm_q8(x: torch.Tensor, qw: Q8Weight, bias: torch.Tensor | None) -> torch.T
 
 def set_isa(want: str = "") -> str:
     """The fp32, q8 and q4 tiles in use: "avx2", "avx512" (AVX-512F and BW) or "avx512vnni"
-    (the same, and q4 with int8 activations), the widest the CPU has, chosen when the library
+    (the same fp32 tiles; q8 with vpdpwssd, 4 blocks a register; q4 with int8 activations), the
+    widest the CPU has, chosen when the library
     loads unless `SHORTCONV_CPU_GEMM_ISA` names one; `want` pins one for this process (tests
     and benchmarks compare them)."""
     return str(torch.ops.shortconv_cpu.set_isa(want))

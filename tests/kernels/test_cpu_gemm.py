@@ -56,6 +56,21 @@ def test_q8_equals_ref(m: int, n: int, k: int, isa: str) -> None:
     _close(cg.gemm_q8(x, qw, bias), cg.gemm_q8_ref(x, qw, bias), k)
 
 
+@pytest.mark.parametrize("m", [6, 9, 13, 23])
+@pytest.mark.parametrize("n,k", [(9, 160), (36, 224), (8, 4608)])
+def test_q8_block_groups_tails_and_row_splits_equal_ref(m: int, n: int, k: int, isa: str) -> None:
+    """The VNNI tile scales 4 blocks a register and runs the 1-3 blocks past the last group
+    alone, in tiles of up to 6 x rows split evenly (9 = 5 + 4, 23 = 6 + 6 + 6 + 5): groups with
+    tails (5 and 7 blocks), several tiles a row, against the ref on every tile set."""
+    g = torch.Generator().manual_seed(m * 31 + n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    x[:, 32:64] *= 1e-3  # blocks of unlike size: a scale on the wrong lane shows
+    qw = cg.quantize_q8(w)
+    _close(cg.gemm_q8(x, qw, None), cg.gemm_q8_ref(x, qw, None), k)
+    for i in (0, m - 1):  # a row alone: the same bits as in its tile of the batch
+        assert torch.equal(cg.gemm_q8(x[i : i + 1], qw, None), cg.gemm_q8(x, qw, None)[i : i + 1])
+
+
 def test_quantize_q8_rounds_each_block_to_its_own_scale() -> None:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(6, 96, generator=g) * torch.logspace(-3, 2, 96)  # blocks of very unlike size

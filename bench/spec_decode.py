@@ -10,13 +10,17 @@ One random checkpoint, engines side by side in one process, rounds alternating b
    whatever the model accepts; the acceptance switch-off is off). The ratio is the median
    verify step over the median decode step, at the same context, for each k in `--ks`, in
    fp32 and in int8.
-2. **Speedup.** Decode tokens/s at batch 1 with and without speculation on a prompt that
-   repeats itself (so prompt lookup finds matches), with the measured acceptance, for `ngram`
-   and for `draft_model` with the target cut to its first `--draft-layers` layers as the
-   draft (same embedding and head: `shortconv.tiny.truncate`). Random weights accept what they
-   accept (the shipped switch-off defaults apply); the bench reports it, the speedup that
-   acceptance allows given the step costs of part 1 and the draft's own decode step
-   (`allowed`), and the measured speedup's share of it.
+2. **Speedup.** Decode tokens/s at batch 1 with and without speculation, with the measured
+   acceptance (and the share of verify rows that kept proposal i, per position), for `ngram`
+   and for `draft_model`. Cut as it is, a random target's first layers predict nothing of its
+   output (0% acceptance), so this part runs on an *early-exit* target: the same checkpoint
+   with the residual branches of its layers past `--draft-layers` scaled by `--draft-scale`
+   (same shapes, so the same step costs), and its cut to those first layers as the draft
+   (same embedding and head: `shortconv.tiny.early_exit`). The prompt is the one of
+   `--loop-tries` random prompts whose greedy continuation repeats itself most (random models
+   fall into loops; prompt lookup feeds on them). The shipped switch-off defaults apply; the
+   bench reports the speedup that acceptance allows given the step costs of part 1 and the
+   draft's own decode step (`allowed`), and the measured speedup's share of it.
 
 A request's decode time is its run with N + 1 output tokens less its run with 1 (prefill and
 the first token are not counted), as in bench/quant_speed.py.
@@ -46,7 +50,7 @@ from shortconv.engine.request import Request  # noqa: E402
 from shortconv.llm import LLM  # noqa: E402
 from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
-from shortconv.tiny.truncate import truncated_checkpoint  # noqa: E402
+from shortconv.tiny.early_exit import early_exit_pair  # noqa: E402
 
 PROMPT = 128
 
@@ -93,9 +97,31 @@ def decode_seconds(llm: LLM, prompt: list[int], n: int, speculative: bool) -> fl
     return run(n + 1) - run(1)
 
 
-def _spec_counts(llm: LLM) -> tuple[int, int, int]:
+def _spec_counts(llm: LLM) -> tuple[int, ...]:
+    """Verify rows, proposals, accepted proposals, then rows that kept proposal i, per i."""
     c = llm.engine.scheduler.speculator.counters
-    return c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens
+    return (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, *c.accepted_per_pos)
+
+
+def repeats(tokens: list[int], n: int = 2) -> float:
+    """Share of positions whose preceding n tokens occurred earlier: how much of a greedy
+    continuation prompt lookup can find."""
+    seen, hits = set(), 0
+    for i in range(n, len(tokens)):
+        key = tuple(tokens[i - n : i])
+        hits += key in seen
+        seen.add(key)
+    return hits / max(1, len(tokens) - n)
+
+
+def looping_prompt(path: Path, prompts: list[list[int]], n: int) -> tuple[list[int], float]:
+    """The prompt whose greedy continuation of n tokens repeats itself most, and that share."""
+    llm = LLM(path, dtype="float32", max_num_seqs=len(prompts))
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=_greedy(n, False))
+    llm.shutdown()
+    scores = [repeats(list(o.token_ids)) for o in outs]
+    best = max(range(len(prompts)), key=scores.__getitem__)
+    return prompts[best], scores[best]
 
 
 def _interp(ratios: dict[int, float], k: float) -> float:
@@ -125,6 +151,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quantizations", default="none,int8")
     ap.add_argument("--draft-layers", type=int, default=4, help="the draft: target's first N")
+    ap.add_argument(
+        "--draft-scale", type=float, default=0.1, help="residual scale past the draft's layers"
+    )
+    ap.add_argument("--loop-tries", type=int, default=4, help="random prompts to pick from")
     ap.add_argument("--quick", action="store_true", help="tiny shape, few steps (a smoke test)")
     ap.add_argument(
         "--adaptive-k", choices=("on", "off"), default="on", help="speedup runs' adaptive_k"
@@ -142,8 +172,6 @@ def main() -> None:
         path = make_tiny_checkpoint(arch, Path(tmp) / "ckpt", overrides, seed=0)
         vocab = LLM(path, dtype="float32", max_num_seqs=1).engine.model_cfg.vocab_size
         prompt = [rng.randrange(3, vocab) for _ in range(PROMPT)]
-        period = [rng.randrange(3, vocab) for _ in range(PROMPT // 4)]
-        looped = period * 4  # prompt lookup finds its own continuation here
         print(f"# shape {args.shape}; threads {args.threads}; {_cpu_model()}")
         ratios: dict[str, dict[int, float]] = {}
         for q in quants:
@@ -176,7 +204,9 @@ def main() -> None:
                 print(f"| {k} | {k + 1} | {med * 1e3:.1f} | {med / base:.2f}x |")
             for llm in llms.values():
                 llm.shutdown()
-        draft = truncated_checkpoint(path, args.draft_layers, Path(tmp) / "draft")
+        target, draft = early_exit_pair(path, args.draft_layers, args.draft_scale, Path(tmp))
+        tries = [[rng.randrange(3, vocab) for _ in range(32)] for _ in range(args.loop_tries)]
+        looped, share = looping_prompt(target, tries, args.decode)
         methods = {
             "ngram": {"method": "ngram"},
             f"draft_model (target's first {args.draft_layers} layers)": {
@@ -185,15 +215,17 @@ def main() -> None:
             },
         }
         print(
-            "\n## speculation at batch 1, k = "
-            f"{args.k} (adaptive k {args.adaptive_k}): decode tok/s off and on, on a prompt "
-            "that repeats itself"
+            f"\n## speculation at batch 1, k = {args.k} (adaptive k {args.adaptive_k}): decode "
+            f"tok/s off and on; the early-exit target (layers past {args.draft_layers} scaled by "
+            f"{args.draft_scale}); the prompt of {args.loop_tries} whose greedy continuation "
+            f"repeats most ({share:.0%} of its positions follow a bigram seen before)"
         )
         print(
             "| weights | method | tok/s off | tok/s on | speedup | acceptance | "
-            "proposed | accepted | tokens per verify | allowed | of allowed |"
+            "proposed | accepted | tokens per verify | rows keeping proposal i | allowed | "
+            "of allowed |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for q in quants:
             kw = {} if q == "none" else {"quantization": q}
             # The draft's cost per verify step: k proposals and one catch-up row, each about
@@ -208,7 +240,7 @@ def main() -> None:
                     "num_speculative_tokens": args.k,
                     "adaptive_k": args.adaptive_k == "on",
                 }
-                llm = LLM(path, dtype="float32", max_num_seqs=4, speculative_config=cfg, **kw)
+                llm = LLM(target, dtype="float32", max_num_seqs=4, speculative_config=cfg, **kw)
                 off: list[float] = []
                 on: list[float] = []
                 decode_seconds(llm, looped, args.decode, True)  # warm-up
@@ -216,9 +248,10 @@ def main() -> None:
                 for _ in range(args.rounds):
                     off.append(decode_seconds(llm, looped, args.decode, speculative=False))
                     on.append(decode_seconds(llm, looped, args.decode, speculative=True))
-                drafts, proposed, accepted = (
+                drafts, proposed, accepted, *per_pos = (
                     a - b for a, b in zip(_spec_counts(llm), before, strict=True)
                 )
+                kept_at = "/".join(f"{n / drafts:.0%}" for n in per_pos) if drafts else "-"
                 llm.shutdown()
                 # Steps of the timed runs in units of one target decode step: each round
                 # decodes N + 1 tokens then 1, so its verify rows are counted twice over.
@@ -238,7 +271,7 @@ def main() -> None:
                     f"| {q} | {name} | {args.decode / statistics.median(off):.1f} | "
                     f"{args.decode / statistics.median(on):.1f} | {speedup:.2f}x | {acc:.0%} | "
                     f"{proposed} | {accepted} | "
-                    f"{per_verify:.2f} | {allowed:.2f}x | {speedup / allowed:.0%} |"
+                    f"{per_verify:.2f} | {kept_at} | {allowed:.2f}x | {speedup / allowed:.0%} |"
                 )
     print("\nSUMMARY spec_decode", " ".join(f"{q}:k4={ratios[q].get(4, 0):.2f}x" for q in quants))
 

@@ -35,6 +35,12 @@ def truncated_checkpoint(ckpt: Path, num_layers: int, out: Path) -> Path:
     return out
 
 
-def _kept(key: str, num_layers: int) -> bool:
+def layer_index(key: str) -> int | None:
+    """The decoder layer a parameter name belongs to (`...layers.{i}...`), or None."""
     parts = key.split(".")
-    return "layers" not in parts or int(parts[parts.index("layers") + 1]) < num_layers
+    return int(parts[parts.index("layers") + 1]) if "layers" in parts else None
+
+
+def _kept(key: str, num_layers: int) -> bool:
+    index = layer_index(key)
+    return index is None or index < num_layers

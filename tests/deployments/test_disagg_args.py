@@ -18,9 +18,10 @@ def test_off_by_default() -> None:
 @pytest.mark.parametrize(
     ("extra", "reason"),
     [
-        ({"max_replicas": 3}, "remove max_replicas"),
-        ({"min_replicas": 1}, "remove min_replicas"),
+        ({"max_replicas": 3}, "max_replicas=3 must equal it"),
+        ({"min_replicas": 1, "max_replicas": 2}, "min_replicas=1 must equal it"),
         ({"enable_lora": True}, "cannot hand off LoRA requests"),
+        ({"replica_num_cpus": "all"}, "give replica_num_cpus a number"),
         ({"disaggregation": {"prefill_replicas": 0, "decode_replicas": 1}}, "prefill_replicas"),
         ({"disaggregation": {"prefill_replicas": 1}}, "decode_replicas"),
         ({"disaggregation": {**SPLIT, "prefill_tp": 2}}, "prefill_tp"),
@@ -29,6 +30,11 @@ def test_off_by_default() -> None:
 def test_refused_with_its_reason(extra: dict, reason: str) -> None:
     with pytest.raises(AppArgsError, match=reason):
         parse_args({"disaggregation": SPLIT, **extra})
+
+
+def test_bounds_equal_to_the_decode_count_are_accepted() -> None:
+    args = parse_args({"disaggregation": SPLIT, "min_replicas": 2, "max_replicas": 2})
+    assert args.disaggregation is not None
 
 
 def test_each_role_runs_its_own_count_and_tp() -> None:

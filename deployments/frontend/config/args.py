@@ -119,11 +119,13 @@ class AppArgs(EngineArgs):
             )
         if self.runtime_lora_updating and not self.enable_lora:
             raise ValueError("runtime_lora_updating needs enable_lora=True")
-        refusal = (
-            disaggregation_refusal(self.model_fields_set, self.enable_lora)
-            if self.disaggregation
-            else None
-        )
+        refusal = None
+        if self.disaggregation is not None:
+            bounds = {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas}
+            given = {k: v for k, v in bounds.items() if k in self.model_fields_set}
+            refusal = disaggregation_refusal(
+                self.disaggregation, given, self.enable_lora, self.replica_num_cpus
+            )
         if refusal is not None:
             raise ValueError(refusal)
         return self

@@ -9,8 +9,6 @@ bundle and streams the tokens (docs/disaggregation.md).
 
 from __future__ import annotations
 
-from collections.abc import Set
-
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -22,16 +20,25 @@ class DisaggregationArgs(BaseModel):
     prefill_tp_size: int | None = Field(None, ge=1)  # None: the app's tp_size
 
 
-def disaggregation_refusal(fields_set: Set[str], enable_lora: bool) -> str | None:
-    """Why app args (the names given, `fields_set`, and their values) cannot run
-    disaggregated, or None. Checked when the args are validated (AppArgs), so `serve run`
-    refuses them before any replica starts."""
-    given = fields_set & {"min_replicas", "max_replicas"}
-    if given:
+def disaggregation_refusal(
+    d: DisaggregationArgs, given: dict[str, int], enable_lora: bool, replica_num_cpus: float | str
+) -> str | None:
+    """Why app args cannot run disaggregated, or None. `given`: the replica bounds the args
+    name explicitly. Checked when the args are validated (AppArgs), so `serve run` refuses
+    them before any replica starts."""
+    other = {k: v for k, v in given.items() if v != d.decode_replicas}
+    if other:
+        # NOTE: equal bounds are accepted so a values file or YAML that names them (the
+        # chart's defaults do) only has to agree; autoscaling a role is not supported.
+        named = ", ".join(f"{k}={v}" for k, v in sorted(other.items()))
         return (
-            f"disaggregation sets the replica counts itself (prefill_replicas, "
-            f"decode_replicas); remove {', '.join(sorted(given))}"
+            f"disaggregation runs a fixed decode_replicas={d.decode_replicas} replicas; "
+            f"{named} must equal it or be left out"
         )
+    if replica_num_cpus == "all":
+        # NOTE: "all" reserves a whole node for one replica; prefill and decode replicas
+        # would then never share a node, and on one node the second would never start.
+        return "disaggregation runs several replicas: give replica_num_cpus a number, not all"
     if enable_lora:
         # NOTE: the state a prefill makes under an adapter is only right for that adapter,
         # and the prefill replicas would have to hold every adapter a decode replica loads.

@@ -29,9 +29,12 @@ P1 = [int(t) for t in torch.randint(4, 500, (23,), generator=torch.Generator().m
 Transform = Callable[[PrefillResult], PrefillResult]
 
 
-@pytest.fixture(scope="module", params=["lfm2", "zaya1"])
+SEEDS = {"lfm2": 11, "zaya1": 5, "lfm3": 11, "lfm2_moe": 11}  # outputs that vary with the state
+
+
+@pytest.fixture(scope="module", params=sorted(SEEDS))
 def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    seed = {"lfm2": 11, "zaya1": 5}[request.param]  # outputs that vary with the state
+    seed = SEEDS[request.param]
     return make_tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param), seed=seed)
 
 

@@ -158,3 +158,35 @@ def test_oracle_bites_on_a_window_shifted_by_one_token(ckpt: Any) -> None:
         assert not same(got, want)
 
     run(main())
+
+
+def test_a_stream_equals_plain_and_a_stream_left_early_leaves_nothing(ckpt: Any) -> None:
+    async def text_of(r: OpenAIReplica, stop_after: int | None = None) -> str:
+        req = CompletionRequest(prompt=P1, max_tokens=6, temperature=0.0, stream=True)
+        req.ignore_eos = True
+        texts: list[str] = []
+        stream = r.completion_stream(req, RequestContext())
+        async for reply in stream:
+            texts += [c.get("text", "") for c in reply.body.get("choices", ())]
+            if stop_after is not None and len(texts) >= stop_after:
+                break  # the client left: the stream is closed mid-way
+        await stream.aclose()  # type: ignore[attr-defined]
+        return "".join(texts)
+
+    async def main() -> None:
+        pre = replica(ckpt)
+        dec, plain = replica(ckpt, pre), replica(ckpt)
+        slots = dec.engine.engine.scheduler.cache_manager.slots.num_free
+        assert await text_of(dec) == await text_of(plain)
+        await text_of(dec, stop_after=1)
+        assert dec.handoff is not None and dec.handoff.counters.outcomes["imported"] == 2
+        # NOTE: a stream left early is closed by its generator's finalizer, a task the event
+        # loop runs soon after: its abort, then the transient session's drop.
+        for _ in range(600):
+            if not dec.engine.num_admitted and not await settled(dec):
+                break
+            await asyncio.sleep(0.05)
+        assert await settled(dec) == [] and await settled(pre) == []
+        assert dec.engine.engine.scheduler.cache_manager.slots.num_free == slots
+
+    run(main())

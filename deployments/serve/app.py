@@ -21,6 +21,7 @@ from ray.serve.config import BackpressureConfig, RequestRouterConfig
 from deployments.frontend.config.args import AppArgs
 from deployments.frontend.config.model_source import served_model_name
 from deployments.serve.cpu_plan import INGRESS_NUM_CPUS, CpuPlan, cpu_plan
+from deployments.serve.disagg_app import bind_servers, role_args
 from deployments.serve.ingress import OpenAIIngress
 from deployments.serve.responses_store_server import ResponseStoreServer
 from deployments.serve.router import SessionAffinityRouter
@@ -131,13 +132,20 @@ def ingress_options(args: AppArgs) -> dict[str, Any]:
 def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any) -> Application:
     """OpenAIIngress bound to LLMServer; `overrides` replace LLMServer's deployment options
     (tests: num_replicas=2, ...)."""
-    opts = deployment_options(args)
+    # NOTE: disaggregated, the ingress calls the decode deployment (deployments/serve/
+    # disagg_app.py): its replica count and TP degree size everything Serve-side here.
+    served = role_args(args, "decode") if args.disaggregation is not None else args
+    opts = deployment_options(served)
     if "num_replicas" in overrides:
         opts.pop("autoscaling_config", None)
     if "autoscaling_config" in overrides:
         opts.pop("num_replicas", None)
     opts.update(overrides)
-    llm = LLMServer.options(**opts).bind(args.model_dump(), engine_factory)
+    if args.disaggregation is None:
+        llm = LLMServer.options(**opts).bind(args.model_dump(), engine_factory)
+    else:
+        prefill_opts = deployment_options(role_args(args, "prefill"))
+        llm = bind_servers(LLMServer, args, engine_factory, opts, prefill_opts)
     cfg = {
         "model_name": served_model_name(args),
         "max_request_bytes": args.max_request_bytes,
@@ -147,8 +155,8 @@ def build_app(args: AppArgs, engine_factory: str | None = None, **overrides: Any
         "enable_lora": args.enable_lora,
         "runtime_lora_updating": args.runtime_lora_updating,
     }
-    ingress = OpenAIIngress.options(**ingress_options(args))
-    if not shares_response_store(args):
+    ingress = OpenAIIngress.options(**ingress_options(served))
+    if not shares_response_store(served):
         return ingress.bind(llm, cfg)
     store = ResponseStoreServer.bind(args.responses_ttl_s, args.max_stored_responses)
     return ingress.bind(llm, cfg, store)

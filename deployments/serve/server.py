@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from deployments.frontend.config.args import AppArgs
 from deployments.frontend.config.model_source import served_model_name
@@ -27,6 +28,7 @@ from deployments.frontend.engine.engine_build import build_engine, make_engine
 from deployments.frontend.engine.engine_types import EngineLike
 from deployments.frontend.images.chat_images import ChatImages
 from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
+from deployments.frontend.openai.handoff import DecodeHandoff
 from deployments.serve.metrics_sink import RayMetricsSink, attach_ray_metrics
 from shortconv.engine.stats import StartupReport
 from workers.cpu_threads import follow_reservation, reserved_cpus, threads_for
@@ -118,7 +120,11 @@ class LLMServer(OpenAIReplica):
         self,
         args: dict[str, Any],
         engine_factory: str | None = None,
+        prefill: DeploymentHandle | None = None,
     ) -> None:
+        """`prefill`: in a disaggregated app (deployments/serve/disagg_app.py), the prefill
+        deployment this decode replica takes prompts' state from; None: it prefills itself.
+        A prefill replica is this same class, called only on `prefill`."""
         clock = PhaseClock()  # NOTE: first, so `before_s` is the process's life before us
         app_args = AppArgs.model_validate(args)
         launched = launch_core(app_args, engine_factory)  # NOTE: before torch's import
@@ -149,7 +155,8 @@ class LLMServer(OpenAIReplica):
         name = served_model_name(app_args)
         loras = tuple((app_args.lora_modules or {}).items())
         cfg = ApiConfig(name, replica_id, app_args.request_timeout_s, loras)
-        super().__init__(loop, cfg, images)
+        handoff = DecodeHandoff(loop, prefill.prefill.remote) if prefill is not None else None
+        super().__init__(loop, cfg, images, handoff)
         self.startup = startup_summary(clock.report("replica"), threads, engine)
         log.info("replica %s ready", replica_id)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from bundle_damage import shifted
 
 from shortconv.cache.state_bundle import (
     FORMAT_VERSION,
@@ -189,16 +190,6 @@ def test_turn_diverging_inside_the_answer_resumes_from_the_moved_prompt_end(ckpt
     assert cached == len(P1)
     assert moved.same(run(a, p2, "s")[0])  # the same two turns on one engine
     assert moved.same(run(engine(ckpt), p2)[0])  # recomputed from scratch
-
-
-def shifted(bundle: bytes) -> bytes:
-    """The bundle with layer 0's conv window moved back one token (its last column dropped)."""
-    b = decode(bundle)
-    tensors = dict(b.tensors)
-    conv = tensors["conv"].clone()
-    conv[0] = torch.cat([torch.zeros_like(conv[0][..., :1]), conv[0][..., :-1]], dim=-1)
-    tensors["conv"] = conv
-    return encode(StateBundle(b.layout, b.token_ids, b.checkpoints, tensors))
 
 
 def test_oracle_bites_on_a_window_shifted_by_one_token(ckpt):

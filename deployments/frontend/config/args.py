@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from deployments.frontend.config.disaggregation import DisaggregationArgs, disaggregation_refusal
 from deployments.frontend.images.limits import ImageLimits
 from shortconv.configs.config import EngineConfig
 
@@ -79,6 +80,8 @@ class AppArgs(EngineArgs):
     `min_replicas` / `max_replicas` bound Serve's autoscaling of the replica; the rest of the
     Serve options (the autoscaling target, concurrency caps) are derived from these args in
     deployments/serve/app.py, so a YAML sets a `deployments:` entry only to override one of them.
+    `disaggregation`: prefill and decode on deployments of their own
+    (deployments/frontend/config/disaggregation.py); off (None) by default.
     """
 
     model: str | None = None
@@ -105,6 +108,7 @@ class AppArgs(EngineArgs):
     engine_process: bool = True
     engine_niceness: int = Field(0, ge=-20, le=19)
     runtime_lora_updating: bool = False
+    disaggregation: DisaggregationArgs | None = None  # docs/disaggregation.md
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> AppArgs:
@@ -115,6 +119,15 @@ class AppArgs(EngineArgs):
             )
         if self.runtime_lora_updating and not self.enable_lora:
             raise ValueError("runtime_lora_updating needs enable_lora=True")
+        refusal = None
+        if self.disaggregation is not None:
+            bounds = {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas}
+            given = {k: v for k, v in bounds.items() if k in self.model_fields_set}
+            refusal = disaggregation_refusal(
+                self.disaggregation, given, self.enable_lora, self.replica_num_cpus
+            )
+        if refusal is not None:
+            raise ValueError(refusal)
         return self
 
     @property

@@ -43,6 +43,7 @@ from deployments.frontend.engine.engine_types import (
     request_extras,
     update_lora,
 )
+from deployments.frontend.engine.state_ops import StateOp, StateOpName, run_state_op
 from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.sampling.sampling_params import SamplingParams
 
@@ -215,6 +216,23 @@ class AsyncEngine:
         self._command(UpdateLora(op, name, path, fut))
         return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
 
+    async def state_op(self, op: StateOpName, session_id: str, data: bytes | None = None) -> Any:
+        """Export, import or drop a session's state on the loop thread, between steps
+        (deployments/frontend/engine/state_ops.py). NOTE: commands run in order, so an import
+        queued before a request's AddRequest is in place when that request is scheduled."""
+        if not self.alive:
+            raise EngineDead(self._error or "the engine loop is not running")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._command(StateOp(op, session_id, data, fut))
+        return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
+
+    def drop_session(self, session_id: str) -> None:
+        """Queue the session's kept state to be dropped (its slot and pages freed) without
+        waiting: callable from a stream's `finally`, even while its task is cancelled."""
+        if self.alive:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._command(StateOp("drop", session_id, None, fut))
+
     def stats(self) -> dict[str, Any]:
         """The latest snapshot (engine occupancy + held sessions), refreshed by the loop."""
         return self._stats
@@ -289,6 +307,8 @@ class AsyncEngine:
                 answer(fut, self.engine.flush_prefix_cache())
             case UpdateLora(op=op, name=name, path=path, reply=fut):
                 answer(fut, update_lora(self.engine, op, name, path))
+            case StateOp(op=op, session_id=sid, data=data, reply=fut):
+                answer(fut, run_state_op(self.engine, op, sid, data))
             case Stop():
                 self._fail_all("the server is shutting down")
                 return False

@@ -35,6 +35,7 @@ from deployments.frontend.engine.core_messages import (
     Reply,
     Shutdown,
     Start,
+    StateCall,
     Status,
     StepOut,
     recv,
@@ -68,11 +69,13 @@ def _grammar_checker(ready: Ready) -> GrammarRuntime | None:
 
 
 class _Sessions:
-    """The core's held sessions as of its last message; it expires them itself."""
+    """The core's held sessions as of its last message; it expires them itself. `drop`
+    forwards to the core (bound once, by CoreEngine)."""
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, drop: Callable[[str], None]) -> None:
         self.ttl_s = ttl_s
         self.ids: tuple[str, ...] = ()
+        self.drop = drop
 
     def evict_idle(self) -> int:
         return 0
@@ -112,7 +115,7 @@ class CoreEngine:
         self.image_spec: ImageSpec | None = ready.limits.image_spec if ready.limits else None
         self.weight_bytes = ready.weight_bytes
         self.core_report, *self.rank_reports = ready.reports
-        self._sessions = _Sessions(ready.session_ttl_s)
+        self._sessions = _Sessions(ready.session_ttl_s, self._drop_session)
         self._grammars = _grammar_checker(ready)
         self._status = ready.status
         self._absorb(ready.status)
@@ -249,6 +252,16 @@ class CoreEngine:
         if error is not None:
             raise ValueError(error)
 
+    def export_session(self, session_id: str) -> bytes | None:
+        data = self._state_call("export", session_id)
+        return bytes(data) if data is not None else None
+
+    def import_session(self, session_id: str, bundle: bytes) -> bool:
+        return bool(self._state_call("import", session_id, bundle))
+
+    def _drop_session(self, session_id: str) -> None:
+        self._state_call("drop", session_id)
+
     def check_health(self) -> None:
         error = self._call("health")
         if error is not None:
@@ -273,7 +286,7 @@ class CoreEngine:
         self._conn.close()
 
     # ---- the pipe --------------------------------------------------------------------------
-    def _send(self, msg: Add | Cancel | Call | Shutdown) -> None:
+    def _send(self, msg: Add | Cancel | Call | StateCall | Shutdown) -> None:
         if self._dead is not None:
             raise EngineDead(self._dead)
         try:
@@ -284,6 +297,14 @@ class CoreEngine:
     def _call(self, name: str, args: tuple[str, ...] = ()) -> Any:
         cid = next(self._calls)
         self._send(Call(cid, name, args))
+        return self._reply_to(cid, name)
+
+    def _state_call(self, op: str, session_id: str, data: bytes | None = None) -> Any:
+        cid = next(self._calls)
+        self._send(StateCall(cid, op, session_id, data))
+        return self._reply_to(cid, f"state {op}")
+
+    def _reply_to(self, cid: int, name: str) -> Any:
         deadline = time.monotonic() + _CALL_TIMEOUT_S
         while cid not in self._replies:
             if time.monotonic() > deadline:

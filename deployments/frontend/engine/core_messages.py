@@ -64,11 +64,22 @@ class Call:
 
 
 @dataclass(frozen=True)
+class StateCall:
+    """A session state operation (deployments/frontend/engine/state_ops.py), answered by
+    `Reply(call_id, ...)` with its result."""
+
+    call_id: int
+    op: str
+    session_id: str
+    data: bytes | None = None
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
-Inbound = Start | Add | Cancel | Call | Shutdown
+Inbound = Start | Add | Cancel | Call | StateCall | Shutdown
 
 
 # ---- core -> replica ---------------------------------------------------------------------

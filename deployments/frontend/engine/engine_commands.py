@@ -7,6 +7,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from deployments.frontend.engine.state_ops import StateOp
 from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class Stop:
     pass
 
 
-Command = AddRequest | Abort | CheckHealth | ResetPrefixCache | UpdateLora | Stop
+Command = AddRequest | Abort | CheckHealth | ResetPrefixCache | UpdateLora | StateOp | Stop
 
 
 def answer(fut: asyncio.Future[Any], value: Any) -> None:

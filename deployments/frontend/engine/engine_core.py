@@ -27,6 +27,7 @@ from deployments.frontend.engine.core_messages import (
     Reply,
     Shutdown,
     Start,
+    StateCall,
     Status,
     StepOut,
     recv,
@@ -44,6 +45,7 @@ from deployments.frontend.engine.engine_types import (
     update_lora,
 )
 from deployments.frontend.engine.metrics_relay import RelaySink
+from deployments.frontend.engine.state_ops import run_state_op
 from shortconv.engine.outputs import FinishReason
 from shortconv.metrics.recorder import attach_metrics
 from workers.process_priority import set_niceness
@@ -111,6 +113,8 @@ class EngineCore:
                 send(self.conn, Reply(cid, update_lora(self.engine, "load", name, path)))
             case Call(call_id=cid, name="unload_lora", args=(name,)):
                 send(self.conn, Reply(cid, update_lora(self.engine, "unload", name, "")))
+            case StateCall(call_id=cid, op=op, session_id=sid, data=data):
+                send(self.conn, Reply(cid, run_state_op(self.engine, op, sid, data)))
             case Shutdown():
                 raise _Stop()
 

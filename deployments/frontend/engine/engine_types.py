@@ -23,6 +23,7 @@ class SessionsLike(Protocol):
 
     def evict_idle(self) -> int: ...
     def session_ids(self) -> list[str]: ...
+    def drop(self, session_id: str) -> None: ...
 
 
 class EngineLike(Protocol):
@@ -76,6 +77,12 @@ class EngineLike(Protocol):
 
     def startup_reports(self) -> list[StartupReport]:
         """Each TP rank process's start-up report (none when the model runs in this one)."""
+
+    def export_session(self, session_id: str) -> bytes | None:
+        """The session's kept state as a state bundle; None when none is kept."""
+
+    def import_session(self, session_id: str, bundle: bytes) -> bool:
+        """Take a bundle in as the session's kept state; False (nothing held) if refused."""
 
     def shutdown(self) -> None: ...
 

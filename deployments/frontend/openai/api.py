@@ -9,6 +9,7 @@ first chunk), naming the request field it blames. No Ray here: testable on its o
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +23,12 @@ from deployments.frontend.images.limits import ImageLimits
 from deployments.frontend.openai.deltas import Accumulator, by_choice, collect, merge, with_deadline
 from deployments.frontend.openai.errors import RETRY_AFTER_S, APIError
 from deployments.frontend.openai.format import Formatter, StreamUsage
+from deployments.frontend.openai.handoff import (
+    DecodeHandoff,
+    PrefillCall,
+    PrefillResult,
+    prefill_state,
+)
 from deployments.frontend.openai.loras import LoadLoraRequest, ReplicaLoras, UnloadLoraRequest
 from deployments.frontend.openai.protocol import (
     ChatCompletionRequest,
@@ -81,9 +88,14 @@ class OpenAIReplica:
     """The `Replica` methods (deployments/frontend/openai/replica.py) over one AsyncEngine."""
 
     def __init__(
-        self, engine: AsyncEngine, cfg: ApiConfig, images: ChatImages | None = None
+        self,
+        engine: AsyncEngine,
+        cfg: ApiConfig,
+        images: ChatImages | None = None,
+        handoff: DecodeHandoff | None = None,
     ) -> None:
         self.engine, self.cfg = engine, cfg
+        self.handoff = handoff  # a decode replica of a disaggregated app (handoff.py)
         self.images = images or ChatImages(ImageLimits(), None)  # default: no images
         self.startup: dict[str, Any] = {}  # the replica's start-up report (LLMServer fills it)
         self.prefixes = PrefixRecord(MAX_RECORDED_PREFIXES)
@@ -157,8 +169,15 @@ class OpenAIReplica:
             raise APIError(f"unhealthy: {exc}", 503, "server_error", code="unhealthy") from None
         return self._reply({"status": "ok"})
 
+    async def prefill(self, call: PrefillCall) -> PrefillResult:
+        """A prefill replica's one call: fill the prompt's state and return it as a bundle
+        (deployments/frontend/openai/handoff.py)."""
+        return await prefill_state(self.engine, call, self.cfg.request_timeout_s)
+
     async def stats(self) -> Reply:
         body = {"replica_id": self.cfg.replica_id, **self.engine.stats()}
+        if self.handoff is not None:
+            body["handoff"] = self.handoff.counters.report()
         return self._reply({**body, "startup": self.startup} if self.startup else body)
 
     async def reset_prefix_cache(self) -> Reply:
@@ -174,21 +193,41 @@ class OpenAIReplica:
 
     async def _whole(self, job: _Job, ctx: RequestContext) -> Reply:
         accs = job.accumulators()
-        await collect(self._start(job, ctx), accs)
+        await collect(await self._deltas(job, ctx), accs)
         self.prefixes.add(ctx.prefix_hashes)  # its prompt is cached here now
         return self._reply(job.fmt.whole(*accs))
 
     async def _stream(self, job: _Job, ctx: RequestContext) -> AsyncIterator[Reply]:
-        deltas = self._start(job, ctx)  # NOTE: refusals raise here, before the first chunk
+        deltas = await self._deltas(job, ctx)  # NOTE: refusals raise here, before any chunk
         async for chunk in job.fmt.chunks(deltas, job.accumulators(), job.usage):
             yield self._reply(chunk)
         self.prefixes.add(ctx.prefix_hashes)
 
+    async def _deltas(self, job: _Job, ctx: RequestContext) -> AsyncIterator[tuple[int, Delta]]:
+        """`_start`, after a disaggregated app's decode replica has taken the prompt's state
+        from a prefill replica (under the request's session, or a transient one)."""
+        if self.handoff is None:
+            return self._start(job, ctx)
+        self._check_context(job)  # NOTE: before a prefill replica spends anything on it
+        sid, transient = await self.handoff.session_for(job.prompts, job.images, ctx.session_id)
+        if not transient:
+            return self._start(job, dataclasses.replace(ctx, session_id=sid))
+        assert sid is not None
+        try:
+            deltas = self._start(job, dataclasses.replace(ctx, session_id=sid))
+        except BaseException:
+            self.engine.drop_session(sid)
+            raise
+        return self.handoff.dropping(deltas, sid)
+
+    def _check_context(self, job: _Job) -> None:
+        for prompt in job.prompts:
+            check_context(len(prompt), job.params.max_tokens, self.max_model_len)
+
     def _start(self, job: _Job, ctx: RequestContext) -> AsyncIterator[tuple[int, Delta]]:
         """Admit every prompt of the request (or none): their deltas, merged, under the
         request deadline, or an APIError."""
-        for prompt in job.prompts:
-            check_context(len(prompt), job.params.max_tokens, self.max_model_len)
+        self._check_context(job)
         rid = job.fmt.request_id
         many = len(job.prompts) > 1
         # NOTE: a prompt refused after others were admitted drops their streams unstarted:

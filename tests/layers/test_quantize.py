@@ -126,7 +126,7 @@ def test_wrong_scales_fail_the_quality_bound(
 
 
 # quantization: (the layer's slot and method name, bits a weight: codes + scale [+ min] / 32)
-FORMATS = {"int8": ("q8", 8 + 1), "int4": ("q4", 4 + 2)}
+FORMATS = {"int8": ("q8", 8 + 1), "int4": ("q4", 4 + 1)}  # q4's scale and min are fp16
 Q8_HEAD_BITS = 8 + 1  # the LM head is q8 under both formats
 
 

@@ -210,6 +210,8 @@ def test_weight_bytes_by_dtype_are_a_gauge(ckpts: dict[str, Path]) -> None:
     server = serve_metrics(llm)
     try:
         llm.generate(prompt_token_ids=[[5, 6, 7]], sampling_params=SamplingParams(max_tokens=2))
+        head = llm.engine.executor.runner.model.lm_head
+        assert head.method.name == "q8"  # the engine's default quantizes the LM head
         with urllib.request.urlopen(server.url, timeout=10) as resp:
             text = resp.read().decode()
     finally:

@@ -18,7 +18,7 @@
 // torch's pool and thread count; see for_tiles). A tile holds 4 weight rows against up to 3 x
 // rows: 12 accumulators, 3 x vectors and a weight vector fill AVX2's 16 registers. Every
 // output is its own row's sums in one fixed order, so a row's result does not depend on the
-// batch or the thread count. Compiled with -mavx2 -mfma -mf16c (no -march=native), one build for every
+// batch or the thread count. Compiled with -mavx2 -mfma (no -march=native), one build for every
 // AVX2 machine; the fp32 and q8 tiles' AVX-512 twins are compiled per function (target
 // attribute) and taken at load where the CPU has AVX-512F and BW. Python checks the CPU before loading it and holds
 // the float64 references (shortconv/kernels/cpu_gemm.py).

@@ -71,7 +71,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--lm-head", action="store_true", help="also the LM head quantized")
+    ap.add_argument(
+        "--float-head", action="store_true", help="also the quantized body with an fp32 LM head"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
@@ -83,10 +85,10 @@ def main() -> None:
             "none": {},
             args.quantization: {"quantization": args.quantization},
         }
-        if args.lm_head:
-            variants[f"{args.quantization} + LM head"] = {
+        if args.float_head:
+            variants[f"{args.quantization}, fp32 LM head"] = {
                 "quantization": args.quantization,
-                "quantize_lm_head": True,
+                "quantize_lm_head": False,
             }
         llms = {
             q: LLM(

@@ -188,15 +188,18 @@ class EngineConfig:
     cpu_kernels: bool = True
     # Linear weights quantized at load, per rank after TP sharding (shortconv.layers.quantize):
     # "int8": int8 with one scale per 32 weights of a row, on CPU (kernels/cpu_gemm). The
-    # embedding, the LM head (unless quantize_lm_head), routed experts and vision towers keep
-    # the model dtype. "int4": 4-bit codes with a scale and a min per 32 weights of a row, on
-    # CPU (kernels/cpu_gemm_q4), the same weights. "fp8" is named so a YAML asking for it is
-    # refused at start-up with the reason.
+    # embedding (for lookups), routed experts and vision towers keep the model dtype; the LM
+    # head is quantized too unless quantize_lm_head is off. "int4": 4-bit codes with a scale and
+    # a min per 32 weights of a row, on CPU (kernels/cpu_gemm_q4), the same weights, with the
+    # LM head in int8. "fp8" is named so a YAML asking for it is refused at start-up with the
+    # reason.
     quantization: Literal["none", "int8", "int4", "fp8"] = "none"
-    # With quantization: the LM head too. A head tied to the embedding gets its own quantized
-    # copy (the embedding keeps its float rows for lookups), so decode reads the head's int8
-    # bytes instead of its float ones, as llama.cpp's Q8_0 does.
-    quantize_lm_head: bool = False
+    # With quantization: the LM head too (int8 under both int8 and int4), as llama.cpp quantizes
+    # its output tensor, so equal bits mean the same thing. A head tied to the embedding gets
+    # its own quantized copy (the embedding keeps its float rows, so lookups stay exact), and
+    # decode reads the head's int8 bytes instead of its float ones. Off: the head stays in the
+    # model dtype.
+    quantize_lm_head: bool = True
     # Automatic prefix caching (shortconv.cache.prefix_cache): KV pages shared by reference,
     # recurrent state checkpointed every `prefix_checkpoint_interval` prompt tokens (0: 64
     # rounded up to whole pages; a multiple of kv_page_size) and at every end of prompt and of

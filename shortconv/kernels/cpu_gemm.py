@@ -144,8 +144,9 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_has_avx2_fma() -> bool:
-    """Both flags (the build targets exactly these)."""
-    return {"avx2", "fma"} <= cpu_flags()
+    """AVX2 and FMA, and F16C (q4's fp16 scales; every AVX2 CPU has it): the build targets
+    exactly these."""
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
 def cpu_isa() -> str:
@@ -175,7 +176,7 @@ def cache_dir() -> Path:
 
 # NOTE: -fopenmp, or ATen's parallel_for compiles to a serial loop; libgomp resolves at run time
 # to the copy torch already loaded (same soname), so there is one thread pool.
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
 
 
 def library_path() -> Path:
@@ -217,7 +218,7 @@ def cannot_build() -> str | None:
     if os.environ.get("SHORTCONV_CPU_GEMM", "1") == "0":
         return "turned off (SHORTCONV_CPU_GEMM=0)"
     if not cpu_has_avx2_fma():
-        return "this CPU lacks AVX2/FMA"
+        return "this CPU lacks AVX2/FMA/F16C"
     if _compiler() is None and not library_path().is_file():
         return "no C++ compiler (c++ or g++) on PATH to build them"
     return None

@@ -1,13 +1,16 @@
 """The q4 weight format and its CPU linear (`gemm_q4` in cpu_gemm_q4.inc, built and loaded with
 the other CPU kernels by kernels.cpu_gemm.load), with `gemm_q4_ref`, its float64 oracle.
 
-q4: 4-bit codes c in 0..15 with an fp32 scale and an fp32 min per 32 consecutive weights of a
+q4: 4-bit codes c in 0..15 with an fp16 scale and an fp16 min per 32 consecutive weights of a
 row, w ~= c * scale + min. The min (llama.cpp's Q4_1 and Q4_K keep one too; Q4_K_M, the quality
 anchor, is scale + min per 32 weights under 6-bit super-block scales) lets a block whose values
 are not centred on zero use all 16 levels, where a symmetric code wastes one and rounds the
-short side of the block as coarsely as the long one. Here the scale and min are fp32 (6 bits a
-weight with the codes; Q4_K_M's Q4_K stores 4.5), and each block maps its own [min, max] onto
-0..15 (Q4_K searches a slightly better pair; this is its plain starting point).
+short side of the block as coarsely as the long one. The scale and min are fp16, as Q4_1 stores
+them: 5 bits a weight with the codes (fp32 took 6; Q4_K stores 4.5), and decode at one row
+reads every byte, so fewer bytes are the speed. fp16 rounds them by at most 2^-11 relative,
+against a code step of 1/15 of the block's range; the codes are taken against the rounded pair,
+so the only error is the codes' own rounding. Each block maps its own [min, max] onto 0..15
+(Q4_K searches a slightly better pair; this is its plain starting point).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ LEVELS = 15  # codes 0..15
 @dataclass(frozen=True)
 class Q4Weight:
     """A linear weight [out, in] as 4-bit codes, two a byte (`q` uint8 [out, in / 2]: in each
-    block of 32, byte j holds weight j low and weight j + 16 high), `scale` and `min` fp32
+    block of 32, byte j holds weight j low and weight j + 16 high), `scale` and `min` fp16
     [out, in / 32]. The only copy a q4 layer keeps."""
 
     q: torch.Tensor
@@ -42,7 +45,8 @@ class Q4Weight:
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + (self.scale.numel() + self.min.numel()) * 4
+        params = self.scale.numel() * self.scale.element_size()
+        return self.q.numel() + params + self.min.numel() * self.min.element_size()
 
     def codes(self) -> torch.Tensor:
         """The codes as int64 [out, in / 32, 32], in weight order."""
@@ -51,7 +55,7 @@ class Q4Weight:
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight [out, in] the codes stand for."""
-        w = self.codes().float() * self.scale.unsqueeze(-1) + self.min.unsqueeze(-1)
+        w = self.codes().float() * self.scale.float().unsqueeze(-1) + self.min.float().unsqueeze(-1)
         return w.view(self.out_features, self.in_features)
 
 
@@ -62,11 +66,13 @@ def quantize_q4(weight: torch.Tensor) -> Q4Weight:
     if cols % Q4_BLOCK:
         raise ValueError(f"q4 needs in_features divisible by {Q4_BLOCK}, got {cols}")
     blocks = weight.detach().float().reshape(rows, cols // Q4_BLOCK, Q4_BLOCK)
-    lo, hi = blocks.amin(dim=-1), blocks.amax(dim=-1)
-    scale = (hi - lo) / LEVELS
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    codes = torch.round((blocks - lo.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp(0, LEVELS)
-    codes = codes.to(torch.uint8)
+    lo = blocks.amin(dim=-1).half()
+    scale = ((blocks.amax(dim=-1) - lo.float()) / LEVELS).half()
+    # The codes against the pair as stored: a min rounded up clamps its block's smallest
+    # weights to code 0, a scale rounded down its largest to 15, by under a part in 2^11.
+    safe = torch.where(scale > 0, scale.float(), torch.ones_like(scale, dtype=torch.float32))
+    steps = (blocks - lo.float().unsqueeze(-1)) / safe.unsqueeze(-1)
+    codes = torch.round(steps).clamp(0, LEVELS).to(torch.uint8)
     packed = codes[..., : Q4_BLOCK // 2] | (codes[..., Q4_BLOCK // 2 :] << 4)
     packed = packed.reshape(rows, cols // 2).contiguous()
     return Q4Weight(packed, scale.contiguous(), lo.contiguous())

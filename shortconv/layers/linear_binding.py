@@ -25,6 +25,11 @@ from shortconv.lora.linear import LoRALinear
 
 # The method each `quantization` binds (both run on our AVX2 kernels, on CPU).
 QUANTIZED: dict[str, type[Q8Linear] | type[Q4Linear]] = {"int8": Q8Linear, "int4": Q4Linear}
+# The LM head's method under each `quantization` (with quantize_lm_head). int4 keeps its head
+# in q8, as llama.cpp's Q4_K_M keeps its output tensor at Q6_K: the head's rounding lands on
+# the logits directly. On the tiny models a q4 head added 3-15% to int4's KL, a q8 one under
+# 0.1% (docs/quantization.md, Quality).
+LM_HEAD_QUANTIZED: dict[str, type[Q8Linear] | type[Q4Linear]] = {"int8": Q8Linear, "int4": Q8Linear}
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class LinearPolicy:
     torch's own paths, as a model built outside the runner gets."""
 
     quantization: str = "none"
-    quantize_lm_head: bool = False
+    quantize_lm_head: bool = True
     cpu_gemm: bool = False
     prepack: bool = False
     # With LoRA enabled: the model's step rows, shared by every layer wrapped in LoRALinear
@@ -53,7 +58,8 @@ class LinearPolicy:
         w = layer.weight
         if not w.numel():
             return FLOAT  # an empty shard (ZAYA1's delayed values on some ranks)
-        quantized = QUANTIZED.get(self.quantization)
+        table = LM_HEAD_QUANTIZED if layer.is_lm_head else QUANTIZED
+        quantized = table.get(self.quantization)
         if quantized is not None and (self.quantize_lm_head or not layer.is_lm_head):
             if w.shape[1] % Q8_BLOCK:  # q8's and q4's blocks are both 32 weights
                 raise ConfigError(

@@ -45,14 +45,17 @@ def test_quantize_q4_maps_each_block_between_its_min_and_max() -> None:
     w[2, 32:64] = 0.25  # an all-equal block
     qw = quantize_q4(w)
     assert qw.q.dtype == torch.uint8 and qw.q.shape == (6, 48) and qw.min.shape == (6, 3)
-    assert qw.nbytes == 6 * 48 + 2 * 4 * 6 * 3
+    assert qw.scale.dtype == qw.min.dtype == torch.float16
+    assert qw.nbytes == 6 * 48 + 2 * 2 * 6 * 3  # 5 bits a weight
     codes = qw.codes()
     assert codes.min() == 0 and codes.max() == 15
     assert qw.scale[2, 1] == 0 and (qw.dequantize()[2, 32:64] == 0.25).all()
     blocks = w.view(6, 3, 32)
-    assert torch.equal(qw.min, blocks.amin(-1))  # each block's smallest value is exact
+    assert torch.equal(qw.min, blocks.amin(-1).half())  # each block's smallest value, in fp16
+    # Half a code step, and what fp16 moved the pair by (2^-11 of the min and of 15 steps).
     err = (qw.dequantize() - w).abs().view(6, 3, 32)
-    assert (err <= qw.scale.unsqueeze(-1) / 2 * (1 + 1e-4) + 1e-6).all()
+    scale, low = qw.scale.float().unsqueeze(-1), qw.min.float().abs().unsqueeze(-1)
+    assert (err <= scale / 2 * (1 + 1e-4) + 2**-11 * (low + 16 * scale) + 1e-6).all()
     with pytest.raises(ValueError, match="divisible by 32"):
         quantize_q4(torch.randn(4, 40))
 
@@ -79,3 +82,5 @@ def test_bad_shapes_are_refused() -> None:
         gemm_q4(torch.randn(2, 32), qw, None)
     with pytest.raises(RuntimeError, match="min must be"):
         torch.ops.shortconv_cpu.gemm_q4(torch.randn(2, 64), qw.q, qw.scale, qw.min[:, :1], None)
+    with pytest.raises(RuntimeError, match="scale must be fp16"):  # the fp32 layout before
+        torch.ops.shortconv_cpu.gemm_q4(torch.randn(2, 64), qw.q, qw.scale.float(), qw.min, None)

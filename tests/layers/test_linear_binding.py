@@ -57,12 +57,18 @@ POLICIES: dict[str, tuple[LinearPolicy, LinearMethod, LinearMethod]] = {
     # name: (policy, method of every projection, method of the tied LM head)
     "fp32": (LinearPolicy(cpu_gemm=True), CPU_GEMM, CPU_GEMM),
     "fp32-torch": (TORCH_LINEARS, FLOAT, FLOAT),
-    "int8": (LinearPolicy("int8", cpu_gemm=True), Q8Linear(), CPU_GEMM),
-    "int4": (LinearPolicy("int4", cpu_gemm=True), Q4Linear(), CPU_GEMM),
-    "int8+head": (
-        LinearPolicy("int8", quantize_lm_head=True, cpu_gemm=True),
+    # The quantized head is q8 under both formats; the tied embedding keeps its float rows.
+    "int8": (LinearPolicy("int8", cpu_gemm=True), Q8Linear(), Q8Linear(keep_float=True)),
+    "int4": (LinearPolicy("int4", cpu_gemm=True), Q4Linear(), Q8Linear(keep_float=True)),
+    "int8-float-head": (
+        LinearPolicy("int8", quantize_lm_head=False, cpu_gemm=True),
         Q8Linear(),
-        Q8Linear(keep_float=True),  # the embedding keeps the float rows for lookups
+        CPU_GEMM,
+    ),
+    "int4-float-head": (
+        LinearPolicy("int4", quantize_lm_head=False, cpu_gemm=True),
+        Q4Linear(),
+        CPU_GEMM,
     ),
 }
 

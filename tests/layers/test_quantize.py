@@ -89,25 +89,35 @@ def _q4_groups_shifted(qw: Q4Weight) -> Q4Weight:
     return Q4Weight(qw.q, qw.scale.roll(1, dims=1), qw.min.roll(1, dims=1))
 
 
-# method: (the quantizer the method calls, breakages of its output)
+def _q8_groups_shifted(qw: Q8Weight) -> Q8Weight:
+    # Under int4 only the LM head is q8: its blocks read their neighbour's scales. (Scaling
+    # every head scale alike would only sharpen the softmax and keep each argmax.)
+    return Q8Weight(qw.q, qw.scale.roll(1, dims=1))
+
+
+# method: (the quantizer the method calls, a breakage of its output); int4's head is q8.
 BREAKAGES = {
-    "int8": ("quantize_q8", [_q8_scales_off_by_a_tenth]),
-    "int4": ("quantize_q4", [_q4_scales_doubled, _q4_groups_shifted]),
+    "int8": [("quantize_q8", _q8_scales_off_by_a_tenth)],
+    "int4": [
+        ("quantize_q4", _q4_scales_doubled),
+        ("quantize_q4", _q4_groups_shifted),
+        ("quantize_q8", _q8_groups_shifted),
+    ],
 }
 
 
 @pytest.mark.parametrize(
-    ("method", "arch", "broken"),
-    [(m, a, b) for m, a in sorted(BOUNDS) for b in BREAKAGES[m][1]],
+    ("method", "arch", "name", "broken"),
+    [(m, a, *b) for m, a in sorted(BOUNDS) for b in BREAKAGES[m]],
 )
 def test_wrong_scales_fail_the_quality_bound(
     ckpts: dict[str, Path],
     method: str,
     arch: str,
+    name: str,
     broken: Callable[[Any], Any],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    name = BREAKAGES[method][0]
     real = getattr(quantize_mod, name)
     monkeypatch.setattr(quantize_mod, name, lambda weight: broken(real(weight)))
     q = _quality(ckpts[arch], method)
@@ -115,45 +125,47 @@ def test_wrong_scales_fail_the_quality_bound(
     assert q.mean_kl > max_kl and q.top1_agreement < min_top1, q
 
 
-# quantization: (the layer's slot and method name, bits a weight: codes + fp32 scale [+ min] / 32)
-FORMATS = {"int8": ("q8", 8 + 1), "int4": ("q4", 4 + 2)}
+# quantization: (the layer's slot and method name, bits a weight: codes + scale [+ min] / 32)
+FORMATS = {"int8": ("q8", 8 + 1), "int4": ("q4", 4 + 1)}  # q4's scale and min are fp16
+Q8_HEAD_BITS = 8 + 1  # the LM head is q8 under both formats
 
 
 @pytest.mark.parametrize("method", sorted(FORMATS))
-def test_only_the_projections_are_quantized_and_their_float_copy_goes(
+def test_the_projections_and_the_head_are_quantized_and_the_tied_embedding_stays(
     ckpts: dict[str, Path], method: str
 ) -> None:
     slot, bits = FORMATS[method]
     plain = quant_quality.runner_for(ckpts["lfm2"], "none", 64)
     quant = quant_quality.runner_for(ckpts["lfm2"], method, 64)
-    layers = [m for m in quant.model.modules() if isinstance(m, LinearBase)]
-    for m in layers:
-        if isinstance(m, LMHead):  # tied to the embedding: stays float
-            assert m.q8 is None and m.q4 is None and m.method.name == "cpu_gemm"
-            assert m.weight.dtype == torch.float32 and m.weight.numel()
-        else:
-            assert m.method.name == slot and getattr(m, slot) is not None
-            assert m.weight.numel() == 0
+    head = quant.model.lm_head
+    assert isinstance(head, LMHead) and head.method.name == "q8" and head.q4 is None
+    emb = quant.model.embed_tokens.weight
+    assert head.weight is emb and emb.numel() and emb.dtype == torch.float32  # exact lookups
+    assert head.q8 is not None and head.q8.nbytes == emb.numel() * Q8_HEAD_BITS // 8
+    body = [m for m in quant.model.modules() if isinstance(m, LinearBase) and m is not head]
+    for m in body:
+        assert m.method.name == slot and getattr(m, slot) is not None
+        assert m.weight.numel() == 0
     before, after = plain.weight_bytes, quant.weight_bytes
-    assert set(before) == {"float32"} and set(after) == {"float32", method}
+    assert set(before) == {"float32"} and set(after) == {"float32", "int8", method}
     moved = before["float32"] - after["float32"]  # the projections' fp32 bytes
-    assert after[method] == moved * bits // 32
+    body_bytes, head_bytes = moved * bits // 32, head.q8.nbytes
+    split = {"int4": body_bytes, "int8": head_bytes}
+    want = {"int8": body_bytes + head_bytes} if method == "int8" else split
+    assert {k: after[k] for k in want} == want
 
 
-def test_the_lm_head_is_quantized_when_asked_and_the_tied_embedding_stays(
-    ckpts: dict[str, Path],
-) -> None:
-    body = quant_quality.runner_for(ckpts["lfm2"], "int8", 64)
-    both = quant_quality.runner_for(ckpts["lfm2"], "int8", 64, quantize_lm_head=True)
-    head = both.model.lm_head
-    assert isinstance(head, LMHead) and head.q8 is not None
-    emb = both.model.embed_tokens.weight
-    assert head.weight is emb and emb.numel() and emb.dtype == torch.float32  # lookups
-    added = both.weight_bytes["int8"] - body.weight_bytes["int8"]
-    assert added == head.q8.nbytes == emb.numel() * (1 + 4 / 32)
-    assert both.weight_bytes["float32"] == body.weight_bytes["float32"]
-    q = quant_quality.measure(ckpts["lfm2"], "int8", POSITIONS, length=256, quantize_lm_head=True)
-    max_kl, min_top1 = BOUNDS["int8", "lfm2"]
+@pytest.mark.parametrize("method", sorted(FORMATS))
+def test_quantize_lm_head_off_keeps_the_head_float(ckpts: dict[str, Path], method: str) -> None:
+    both = quant_quality.runner_for(ckpts["lfm2"], method, 64)
+    body = quant_quality.runner_for(ckpts["lfm2"], method, 64, quantize_lm_head=False)
+    head = body.model.lm_head
+    assert isinstance(head, LMHead) and head.q8 is None and head.q4 is None
+    assert head.method.name == "cpu_gemm" and head.weight.numel()
+    assert both.model.lm_head.q8 is not None
+    assert both.weight_bytes["float32"] == body.weight_bytes["float32"]  # the tied rows stay
+    q = quant_quality.measure(ckpts["lfm2"], method, POSITIONS, length=256, quantize_lm_head=False)
+    max_kl, min_top1 = BOUNDS[method, "lfm2"]
     assert q.mean_kl <= max_kl and q.top1_agreement >= min_top1, q
 
 
@@ -198,6 +210,8 @@ def test_weight_bytes_by_dtype_are_a_gauge(ckpts: dict[str, Path]) -> None:
     server = serve_metrics(llm)
     try:
         llm.generate(prompt_token_ids=[[5, 6, 7]], sampling_params=SamplingParams(max_tokens=2))
+        head = llm.engine.executor.runner.model.lm_head
+        assert head.method.name == "q8"  # the engine's default quantizes the LM head
         with urllib.request.urlopen(server.url, timeout=10) as resp:
             text = resp.read().decode()
     finally:

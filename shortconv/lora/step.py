@@ -22,8 +22,8 @@ NO_ADAPTER = -1
 
 # The stacked path computes every row against every slot: worth it while the rows are few
 # (decode, where the per-adapter ops' dispatch cost, not the FLOPs, is what LoRA costs).
-# At 8 rows x 4 rank-16 adapters it cut the adapters' share of an LFM2-350M decode step from
-# ~20 ms to a few (docs/lora.md, Cost); 64 rows keeps extend/prefill steps on the grouped path.
+# At 8 rows x 4 rank-16 adapters it ran the adapters of an LFM2-350M decode step ~2.9x faster
+# than the grouped path (docs/lora.md, Bench); 64 rows keeps prefill steps on the grouped path.
 STACKED_MAX_ROWS = 64
 # ... and while the slots it reads (every slot, at the step's largest rank) are at most this
 # many times the rank the step's adapters really have: idle slots and rank padding are read too.

@@ -22,7 +22,7 @@ NO_ADAPTER = -1
 
 # The stacked path computes every row against every slot: worth it while the rows are few
 # (decode, where the per-adapter ops' dispatch cost, not the FLOPs, is what LoRA costs).
-# At 8 rows x 4 rank-16 adapters it ran the adapters of an LFM2-350M decode step ~2.9x faster
+# At 8 rows x 4 rank-16 adapters it ran the adapters of an LFM2-350M decode step ~3x faster
 # than the grouped path (docs/lora.md, Bench); 64 rows keeps prefill steps on the grouped path.
 STACKED_MAX_ROWS = 64
 # ... and while the slots it reads (every slot, at the step's largest rank) are at most this

@@ -172,11 +172,13 @@ class ModelRunner:
         assert self.lora is not None, "load_lora needs enable_lora"
         renames = self.model.hf_to_ours()  # type: ignore[operator]
         install_adapter(self.model, renames, slot, adapter, self.tp)
+        self.lora.set_slot_rank(slot, adapter.tensor_rank)
 
     def unload_lora(self, slot: int) -> None:
         """Empty LoRA slot `slot` in every layer (an unloaded adapter leaves nothing behind)."""
         assert self.lora is not None, "unload_lora needs enable_lora"
         clear_slot(self.model, slot)
+        self.lora.set_slot_rank(slot, 0)
 
     def lora_slot_sum(self, slot: int) -> float:
         """`lora.install.slot_weight_sum` of this rank's shard: 0 once `slot` is empty."""

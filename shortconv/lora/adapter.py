@@ -45,6 +45,11 @@ class LoraAdapter:
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
 
     @property
+    def tensor_rank(self) -> int:
+        """The largest rank its tensors have: what its slot holds (`rank` is the config's)."""
+        return max(a.shape[0] for a, _ in self.weights.values())
+
+    @property
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 

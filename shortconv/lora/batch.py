@@ -2,48 +2,50 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from shortconv.engine.plan import StepPlan
+from shortconv.lora.step import NO_ADAPTER, LoraStep, resolve_step, stack_columns
 
-NO_ADAPTER = -1
-
-
-@dataclass(frozen=True)
-class LoraGroup:
-    """The token rows (`rows`, int64 on the model's device) that use adapter `slot`."""
-
-    slot: int
-    rows: torch.Tensor
+__all__ = ["NO_ADAPTER", "LoraBatch"]
 
 
 class LoraBatch:
     """One per model (shared by every LoRA layer, made when methods are bound): the runner
     sets it from the plan once per step, before the forward; layers only read it.
 
-    Eager steps read `groups`: rows with no adapter are in no group, so they pay nothing; a
-    step with none has no groups, and every LoRA layer is its base method alone.
+    Eager steps read `step` (lora.step: stacked or grouped, chosen here, once); a step with
+    no adapter rows has none, and every LoRA layer is its base method alone.
 
     Graph steps (`graphed`, on only inside the graph runner's captured region) read
     `token_slots` instead: a static buffer (`reserve`), each token row's slot, in place every
-    step, with rows that have no adapter (and a bucket's pad rows) at `zero_slot`, a slot
-    every layer keeps all zero. Its shape never changes, so a captured graph reads it.
+    step, with rows that have no adapter (and a bucket's pad rows) at `zero_slot`. Its shape
+    never changes, so a captured graph reads it; `graph_step` runs the stacked path from it
+    at the full max rank (fixed shapes, no host sync).
 
-    NOTE: `zero_slot` is `max_loras`: layers hold `max_loras + 1` slots."""
+    NOTE: `zero_slot` is `max_loras`, a slot no layer holds: no stacked column matches it.
+    `slot_ranks` is each slot's adapter rank (the runner sets it on load and unload); a slot
+    it was never told of counts at `max_rank`, which is only ever too wide, never wrong
+    (A and B are zero past a slot's rank)."""
 
     def __init__(self, max_loras: int, max_rank: int) -> None:
         self.max_loras, self.max_rank = max_loras, max_rank
         self.zero_slot = max_loras
-        self.groups: tuple[LoraGroup, ...] = ()
+        self.slot_ranks = [max_rank] * max_loras
+        self.step: LoraStep | None = None
         self.graphed = False
         self.token_slots: torch.Tensor | None = None
+        self._graph_columns: torch.Tensor | None = None
 
     def reserve(self, num_tokens: int, device: torch.device) -> None:
         """Allocate `token_slots` for up to `num_tokens` rows (the graph runner, at build)."""
         self.token_slots = torch.full((num_tokens,), self.zero_slot, dtype=torch.int64)
         self.token_slots = self.token_slots.to(device)
+        self._graph_columns = stack_columns(self.max_loras, self.max_rank).to(device)
+
+    def set_slot_rank(self, slot: int, rank: int) -> None:
+        """`slot` now holds an adapter of rank `rank` (0: emptied)."""
+        self.slot_ranks[slot] = rank
 
     def begin_step(self, plan: StepPlan, device: torch.device) -> None:
         """The plan's token rows (its chunks' tokens, in order) by adapter slot."""
@@ -52,14 +54,15 @@ class LoraBatch:
 
     def set_rows(self, slots: list[int], device: torch.device) -> None:
         self._set_static(slots)
-        if all(s == NO_ADAPTER for s in slots):
-            self.groups = ()
-            return
-        ids = torch.tensor(slots, dtype=torch.int64)
-        self.groups = tuple(
-            LoraGroup(s, torch.nonzero(ids == s).flatten().to(device))
-            for s in sorted(set(slots) - {NO_ADAPTER})
+        self.step = resolve_step(slots, self.slot_ranks, device)
+
+    def graph_step(self, num_rows: int) -> LoraStep:
+        """The stacked step of a captured region's first `num_rows` rows, from `token_slots`."""
+        assert self.token_slots is not None and self._graph_columns is not None, (
+            "graph steps need LoraBatch.reserve"
         )
+        mask = self.token_slots[:num_rows, None] == self._graph_columns[None, :]
+        return LoraStep(self.max_rank, mask=mask)
 
     def _set_static(self, slots: list[int]) -> None:
         """Fill `token_slots` in place (pad rows past the plan's: the zero slot). A step

@@ -16,25 +16,46 @@ import torch
 
 from shortconv.layers.linear_method import LinearLayer, LinearMethod
 from shortconv.lora.batch import LoraBatch
+from shortconv.lora.delta import add_grouped, add_stacked
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoraSlots:
-    """One layer's resident adapters: A [max_loras + 1, max_rank, in], B [max_loras + 1, out,
-    max_rank] (zero past each slot's rank; the last slot, `LoraBatch.zero_slot`, always zero),
-    and each slot's rank (0: empty)."""
+    """One layer's resident adapters, zero past each slot's rank, and each slot's rank (0:
+    empty). Stored rank-major, A as [max_rank, max_loras, in] and B as [out, max_rank,
+    max_loras], so the first `rank` rows of every slot's A are one contiguous [rank *
+    max_loras, in] matrix and B's the matching [out, rank * max_loras] one (`stacked`): a
+    step reads all slots in one GEMM each way, with no per-step copy or transpose.
+    `a` [max_loras, max_rank, in] and `b` [max_loras, out, max_rank] are slot-major views of
+    the same storage (loads, unloads and the grouped path write and read them)."""
 
-    a: torch.Tensor
-    b: torch.Tensor
+    a_store: torch.Tensor
+    b_store: torch.Tensor
     ranks: list[int]
 
     @classmethod
     def empty(cls, weight: torch.Tensor, batch: LoraBatch) -> LoraSlots:
         """Empty slots for a layer whose (float, as loaded) weight is `weight` [out, in]."""
-        (out_f, in_f), n, r = weight.shape, batch.max_loras + 1, batch.max_rank
-        a = torch.zeros(n, r, in_f, dtype=weight.dtype, device=weight.device)
-        b = torch.zeros(n, out_f, r, dtype=weight.dtype, device=weight.device)
+        (out_f, in_f), n, r = weight.shape, batch.max_loras, batch.max_rank
+        a = torch.zeros(r, n, in_f, dtype=weight.dtype, device=weight.device)
+        b = torch.zeros(out_f, r, n, dtype=weight.dtype, device=weight.device)
         return cls(a, b, [0] * n)
+
+    @property
+    def a(self) -> torch.Tensor:
+        return self.a_store.transpose(0, 1)
+
+    @property
+    def b(self) -> torch.Tensor:
+        return self.b_store.permute(2, 0, 1)
+
+    def stacked(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every slot's first `rank` ranks: A [rank * n, in] and B [out, rank * n] (column
+        rho * n + s is slot s's rho-th rank: lora.step.stack_columns), both views."""
+        _, n, in_f = self.a_store.shape
+        out_f = self.b_store.shape[0]
+        a = self.a_store[:rank].view(rank * n, in_f)
+        return a, self.b_store[:, :rank].view(out_f, rank * n)
 
 
 class LoraLayer(LinearLayer, Protocol):
@@ -47,10 +68,11 @@ class LoraLayer(LinearLayer, Protocol):
 class LoRALinear(LinearMethod):
     """`base` plus the adapters of the step's rows (`batch`, set once per step by the runner).
 
-    The eager path groups rows by adapter (the groups are made once per step) and runs two
-    small GEMMs per group, sliced to the slot's own rank, so zero padding costs nothing. A
-    graph step gathers each row's A and B by its slot in the static `token_slots` (shrink,
-    then expand, at the full max rank): fixed shapes, no host sync, so it captures."""
+    How the rows meet their adapters is the step's (`LoraBatch.step`, resolved once per step:
+    stacked for decode-sized steps, grouped for long ones; lora.step), never decided here. A
+    graph step runs the stacked path from the static `token_slots` at the full max rank:
+    fixed shapes, no host sync, so it captures. The delta is added into the base's output in
+    place (lora.delta)."""
 
     base: LinearMethod
     batch: LoraBatch = field(compare=False)
@@ -67,27 +89,16 @@ class LoRALinear(LinearMethod):
         slots = cast(LoraLayer, layer).lora
         if slots is None:
             return y
-        if self.batch.graphed:
-            return y + _gathered_delta(self.batch, slots, x).view(y.shape).to(y.dtype)
-        if not self.batch.groups:
-            return y
         flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        for g in self.batch.groups:
-            r = slots.ranks[g.slot]
-            if r:
-                xs = flat_x.index_select(0, g.rows).to(slots.a.dtype)
-                delta = (xs @ slots.a[g.slot, :r].t()) @ slots.b[g.slot, :, :r].t()
-                flat_y.index_add_(0, g.rows, delta.to(y.dtype))
+        step = self.batch.graph_step(flat_x.shape[0]) if self.batch.graphed else self.batch.step
+        if step is None:
+            return y
+        if step.mask is not None:
+            a, b = slots.stacked(step.rank)
+            add_stacked(flat_y, flat_x, a, b, step.mask)
+        else:
+            add_grouped(flat_y, flat_x, slots.a, slots.b, slots.ranks, step.groups)
         return y
 
     def onednn_weight(self, layer: LinearLayer, rows: int) -> torch.Tensor | None:
         return None  # NOTE: a fused SwiGLU would skip the adapter; keep the two calls apart
-
-
-def _gathered_delta(batch: LoraBatch, slots: LoraSlots, x: torch.Tensor) -> torch.Tensor:
-    """(x A[s]^T) B[s]^T for every row, s its slot in the static `token_slots`: [T, out]."""
-    flat_x = x.reshape(-1, x.shape[-1]).to(slots.a.dtype)
-    assert batch.token_slots is not None, "graph steps need LoraBatch.reserve"
-    idx = batch.token_slots[: flat_x.shape[0]]
-    shrunk = torch.bmm(slots.a.index_select(0, idx), flat_x.unsqueeze(2))  # [T, r, 1]
-    return torch.bmm(slots.b.index_select(0, idx), shrunk).squeeze(2)  # [T, out]

@@ -5,9 +5,8 @@ the recorder (shortconv.metrics.recorder), Ray's sink and the docs all read this
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from shortconv.configs.speculative import METHODS
 from shortconv.engine.outputs import FinishReason
@@ -18,12 +17,11 @@ from shortconv.metrics.buckets import (
     STEP_BUCKETS,
     TTFT_BUCKETS,
 )
+from shortconv.metrics.lora_metrics import LORA_LOAD_REFUSALS, LORA_METRICS
+from shortconv.metrics.metric_def import Kind, Labels, MetricDef, metric
 
 if TYPE_CHECKING:
     from shortconv.engine.stats import EngineStats, GraphStats
-
-Kind = Literal["counter", "gauge", "histogram"]
-Labels = Mapping[str, str]
 
 # Label values that exist from start-up. The graph reasons mirror graph_runner.FAILURE_PHASES
 # and FALLBACK_REASONS (a test keeps them equal; importing them here would pull in torch).
@@ -55,11 +53,6 @@ SESSION_STATE_REFUSALS = (
     "executor",
     "store",
 )
-# Why a LoRA adapter's load was refused (`lora.adapter.LoraError.reason`): its files missing
-# or unreadable, PEFT options or config not implemented, a target module this model does not
-# adapt, a rank above max_lora_rank, a shape of another base, a name already loaded, or every
-# slot serving live requests.
-LORA_LOAD_REFUSALS = ("files", "options", "target", "rank", "shape", "duplicate", "no_slot")
 _LABEL_VALUES = {
     "finished_reason": FINISHED_REASONS,
     "phase": STEP_PHASES,
@@ -70,24 +63,9 @@ _LABEL_VALUES = {
 }
 
 
-@dataclass(frozen=True)
-class MetricDef:
-    """One metric. Counters' names end in `_total`; gauges and counters are read each step from
-    `source` (`engine.<EngineStats attr>` or `graphs.<GraphStats attr>`; a dict fills the label)."""
-
-    name: str
-    kind: Kind
-    help: str
-    labels: tuple[str, ...] = ()
-    source: str = ""
-    buckets: tuple[float, ...] = ()
-    label_values: tuple[str, ...] = ()  # the one label's values that exist from start-up
-
-
 def _m(kind: Kind, name: str, source: str, help: str, label: str = "", **kw: Any) -> MetricDef:
     values = kw.pop("values", _LABEL_VALUES.get(label, ()))
-    labels = (label,) if label else ()
-    return MetricDef(f"shortconv_{name}", kind, help, labels, source, label_values=values, **kw)
+    return metric(kind, name, source, help, label, values=values, **kw)
 
 
 METRICS: tuple[MetricDef, ...] = (
@@ -295,37 +273,7 @@ METRICS: tuple[MetricDef, ...] = (
         "reason",
         values=SESSION_STATE_REFUSALS,
     ),
-    _m(
-        "gauge",
-        "lora_adapters_resident",
-        "engine.lora_adapters_resident",
-        "LoRA adapters resident in this replica's slots (at most max_loras).",
-    ),
-    _m(
-        "counter",
-        "lora_requests_total",
-        "engine.lora_requests",
-        'Requests by LoRA adapter name ("" = the base model; series from each adapter\'s load, '
-        'kept after its unload; past 64 names, "_other").',
-        "lora",
-    ),
-    _m("counter", "lora_loads_total", "engine.lora_loads", "LoRA adapters loaded."),
-    _m("counter", "lora_unloads_total", "engine.lora_unloads", "LoRA adapters unloaded."),
-    _m(
-        "counter",
-        "lora_evictions_total",
-        "engine.lora_evictions",
-        "LoRA adapters evicted from their slot (least recently used) for another; an evicted "
-        "adapter stays loaded and is written back on its next request.",
-    ),
-    _m(
-        "counter",
-        "lora_load_refusals_total",
-        "engine.lora_load_refusals",
-        "LoRA adapter loads refused, by reason.",
-        "reason",
-        values=LORA_LOAD_REFUSALS,
-    ),
+    *LORA_METRICS,
     _m(
         "counter",
         "images_encoded_total",
@@ -404,3 +352,6 @@ def read_source(
         yield from ((((m.labels[0], key),), v) for key, v in value.items())
     else:  # the only label a scalar source can have is `pool`: every pool shares the value
         yield from (((("pool", p),), value) for p in stats.pools) if m.labels else [((), value)]
+
+
+__all__ = ["LORA_LOAD_REFUSALS", "METRICS", "BY_NAME", "Kind", "Labels", "MetricDef"]

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -278,10 +279,62 @@ def fused_moe(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Laun
         )
 
 
+LORA_RANKS = (16, 64)  # a typical adapter, and the kernels' largest rank
+LORA_SLOTS = 4  # max_loras
+# LoRA runs on the dense models (routed experts are not adaptable yet); LFM2-350M's launches
+# are the ones docs/lora.md reports.
+LORA_MODELS = ("LFM2-350M", "LFM2-1.2B", "LFM2-2.6B", "LFM3-1.7B")
+
+
+def _lora_projections(rank: RankShape) -> dict[str, tuple[int, int]]:
+    """(in, out) of each adaptable projection on this rank, as the layers shard them: the
+    short conv's in_proj (B‖C‖x) and out_proj, attention q/k/v/o, and the dense MLP's
+    w1/w3 and w2 (LFM2's; column-parallel: out split, row-parallel: in split)."""
+    h, qd, kd = rank.hidden, rank.hq * rank.head_dim, rank.hk * rank.head_dim
+    proj = {"q": (h, qd), "kv": (h, kd), "o": (qd, h)}
+    if rank.conv_dim:
+        proj |= {"in_proj": (h, 3 * rank.conv_dim), "out_proj": (rank.conv_dim, h)}
+    from shortconv.configs.hf.lfm2 import mlp_size
+
+    raw = MODELS[rank.model]
+    if raw["model_type"] == "lfm2":  # LFM3-1.7B's MLP width is not in LFM3_1_7B above
+        ff = mlp_size(SimpleNamespace(**raw), "lfm2") // rank.tp
+        proj |= {"w1": (h, ff), "w2": (ff, h)}
+    return proj
+
+
+def lora(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
+    """Shrink + expand over every adaptable projection, at the decode buckets and the prefill
+    chunk, for rank 16 and 64 adapters in LoraSlots' layout (slot-major views of rank-major
+    storage, as the engine passes them)."""
+    from shortconv.kernels import lora_triton as k
+
+    if rank.model not in LORA_MODELS:
+        return
+    tokens = (PREFILL_TOKENS,) if quick else (*DECODE_BATCHES, PREFILL_TOKENS)
+    for name, (in_f, out_f) in _lora_projections(rank).items():
+        for r in LORA_RANKS:
+            a = _t(r, LORA_SLOTS, in_f, dtype=dtype).transpose(0, 1)
+            b = _t(out_f, r, LORA_SLOTS, dtype=dtype).permute(2, 0, 1)
+            for t in tokens:
+                x, y, ids = (
+                    _t(t, in_f, dtype=dtype),
+                    _t(t, out_f, dtype=dtype),
+                    _t(t, dtype=torch.int64),
+                )
+                yield Launch(
+                    f"{name} {in_f}->{out_f} r={r} T={t}",
+                    lambda x=x, y=y, ids=ids, a=a, b=b, r=r: k.lora_delta_triton(
+                        y, x, a, b, ids, r
+                    ),
+                )
+
+
 # NOTE: the sweep's kernel list; each family yields nothing for a rank without its layer.
 FAMILIES: dict[str, Callable[[RankShape, torch.dtype, bool], Iterator[Launch]]] = {
     "short_conv": short_conv,
     "cca_conv": cca_conv,
     "attention": attention,
     "fused_moe": fused_moe,
+    "lora": lora,
 }

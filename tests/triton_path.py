@@ -33,7 +33,7 @@ def _forbidden(name: str) -> Callable[..., Any]:
 
 def force_triton_path(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """The counters of the Triton kernels called from now on (see the module docstring)."""
-    from shortconv.kernels import attention_dense, attention_triton, moe_triton
+    from shortconv.kernels import attention_dense, attention_triton, lora_triton, moe_triton
     from shortconv.layers.experts import FusedExperts
 
     monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
@@ -43,6 +43,7 @@ def force_triton_path(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         (attention_triton, "paged_attention_decode_triton"),
         (attention_triton, "paged_attention_extend_triton"),
         (moe_triton, "fused_moe_triton"),
+        (lora_triton, "lora_delta_triton"),
     ]
     for name in ("_expert", "_padded", "_forward_dense"):  # the torch expert paths
         monkeypatch.setattr(FusedExperts, name, _forbidden(f"FusedExperts.{name}"))

@@ -61,8 +61,21 @@ class LoraBatch:
         assert self.token_slots is not None and self._graph_columns is not None, (
             "graph steps need LoraBatch.reserve"
         )
-        mask = self.token_slots[:num_rows, None] == self._graph_columns[None, :]
-        return LoraStep(self.max_rank, mask=mask)
+        rows = self.token_slots[:num_rows]
+        mask = rows[:, None] == self._graph_columns[None, :]
+        return LoraStep(self.max_rank, mask=mask, slots=rows)
+
+    def kernel_rows(self, num_rows: int) -> tuple[torch.Tensor, int] | None:
+        """(each row's slot, the rank to read) for the Triton kernels, None when no row has
+        an adapter. A graph step reads the static buffer at the full max rank (no mask is
+        built: the kernels sort the rows by slot, and skip the zero slot's)."""
+        if self.graphed:
+            assert self.token_slots is not None, "graph steps need LoraBatch.reserve"
+            return self.token_slots[:num_rows], self.max_rank
+        step = self.step
+        if step is None or step.slots is None:
+            return None
+        return step.slots, step.rank
 
     def _set_static(self, slots: list[int]) -> None:
         """Fill `token_slots` in place (pad rows past the plan's: the zero slot). A step

@@ -41,11 +41,14 @@ class LoraGroup:
 @dataclass(frozen=True)
 class LoraStep:
     """One step's rows by adapter: `mask` set (stacked: [rows, rank * num_slots] bool, True
-    where the column's slot is the row's own) or `groups` (grouped)."""
+    where the column's slot is the row's own) or `groups` (grouped). `slots` (int64 [rows] on
+    the model's device, NO_ADAPTER or a slot outside the layers' for none) is what the Triton
+    kernels read instead (kernels.lora_triton: they sort the rows by slot themselves)."""
 
     rank: int = 0
     mask: torch.Tensor | None = None
     groups: tuple[LoraGroup, ...] = ()
+    slots: torch.Tensor | None = None
 
 
 def stack_columns(num_slots: int, rank: int) -> torch.Tensor:
@@ -63,9 +66,10 @@ def resolve_step(
     if rank == 0:
         return None
     ids = torch.tensor(slots, dtype=torch.int64)
+    rows = ids.to(device)
     needed = sum(slot_ranks[s] for s in used)
     if len(slots) <= STACKED_MAX_ROWS and rank * len(slot_ranks) <= STACKED_MAX_WASTE * needed:
         mask = ids[:, None] == stack_columns(len(slot_ranks), rank)[None, :]
-        return LoraStep(rank, mask=mask.to(device))
+        return LoraStep(rank, mask=mask.to(device), slots=rows)
     groups = tuple(LoraGroup(s, torch.nonzero(ids == s).flatten().to(device)) for s in used)
-    return LoraStep(rank, groups=groups)
+    return LoraStep(rank, groups=groups, slots=rows)

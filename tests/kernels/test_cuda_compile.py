@@ -40,8 +40,18 @@ EXPECTED = {
     "extend_kernel",
     "_gate_up_kernel",
     "_down_kernel",
+    "_shrink_kernel",
+    "_expand_kernel",
 }
-TENSOR_CORES = {"_cca_kernel", "decode_kernel", "extend_kernel", "_gate_up_kernel", "_down_kernel"}
+TENSOR_CORES = {
+    "_cca_kernel",
+    "decode_kernel",
+    "extend_kernel",
+    "_gate_up_kernel",
+    "_down_kernel",
+    "_shrink_kernel",
+    "_expand_kernel",
+}
 
 
 def _in_fresh_process(fn: Callable[..., T], *args: object) -> T:

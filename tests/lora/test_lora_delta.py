@@ -61,14 +61,24 @@ def test_eager_step_equals_rows_one_by_one(stacked: bool, monkeypatch: pytest.Mo
         assert torch.equal(got[row], base[row])
 
 
-def test_graph_step_reads_the_static_slots() -> None:
+def _check_step(graphed: bool, seed: int) -> None:
+    """A layer built now (so under the test's SHORTCONV_KERNELS) on ROWS equals `_want`,
+    eager or from the static slots (`graphed`); rows with no adapter equal the base."""
     layer, batch, adapters = _layer()
+    assert layer.lora is not None
     batch.reserve(16, torch.device("cpu"))
-    x = torch.randn(len(ROWS), 32, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(len(ROWS), 32, generator=torch.Generator().manual_seed(seed))
     batch.set_rows(ROWS, x.device)
-    batch.graphed = True
+    batch.graphed = graphed
     got = layer(x)
     torch.testing.assert_close(got, _want(layer, x, adapters), rtol=1e-5, atol=1e-4)
+    base = FLOAT.apply(layer, x, None)
+    for row in (1, 6):
+        assert torch.equal(got[row], base[row])
+
+
+def test_graph_step_reads_the_static_slots() -> None:
+    _check_step(graphed=True, seed=2)
 
 
 def test_a_step_with_no_adapter_rows_is_the_base() -> None:
@@ -90,3 +100,29 @@ def test_slots_stack_rank_major_as_views() -> None:
         r = sa.shape[0]
         assert torch.equal(a[slot : r * n : n], sa)
         assert torch.equal(b[:, slot : r * n : n], sb)
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_triton_path_binds_the_kernel_and_equals_rows_one_by_one(
+    graphed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SHORTCONV_KERNELS=triton at build binds the Triton delta into the layer's slots; the
+    forward then runs it (the torch paths raise) for eager and graph steps alike."""
+    pytest.importorskip("triton")
+    from shortconv.kernels import lora_triton
+    from shortconv.lora import linear as lora_linear
+
+    monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for name in ("add_stacked", "add_grouped"):
+        monkeypatch.setattr(lora_linear, name, None)  # calling it would raise TypeError
+    calls: list[int] = []
+    real = lora_triton.lora_delta_triton
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lora_triton, "lora_delta_triton", spy)
+    _check_step(graphed, seed=3)
+    assert calls  # the layer bound the kernel at build and ran it

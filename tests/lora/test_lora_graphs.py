@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from lora_runs import adapter_dirs, check_mixed_batch, make_oracles, mixed_refs
-from triton_path import force_triton_path
+from triton_path import _forbidden, force_triton_path
 
 from shortconv import LLM
+from shortconv.lora import linear as lora_linear
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
 GRAPHS = dict(enable_graphs=True, graph_batch_sizes=(1, 2, 4, 8), graph_context_sizes=(32, 64))
@@ -64,7 +65,10 @@ def test_triton_path_with_graphs_matches_peft(
     arch, _, oracles, _ = case
     refs = mixed_refs(oracles)  # before torch's attention is patched away
     calls = force_triton_path(monkeypatch)
+    for name in ("add_stacked", "add_grouped"):  # the torch adapter paths: the kernel replaces them
+        monkeypatch.setattr(lora_linear, name, _forbidden(f"lora.delta.{name}"))
     llm = llm_of()
     check_mixed_batch(llm.engine, oracles, f"{arch} on the Triton path", refs)
     assert _replays(llm) > 0
     assert calls["paged_attention_decode_triton"] > 0
+    assert calls["lora_delta_triton"] > 0

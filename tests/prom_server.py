@@ -141,9 +141,11 @@ class PromServer:
         return float(result[0]["value"][1])
 
     def wait_value(
-        self, expr: str, pred: Callable[[float], bool], timeout_s: float = 30.0
+        self, expr: str, pred: Callable[[float], bool], timeout_s: float = 90.0
     ) -> float:
-        """Poll `expr` until its value satisfies `pred`; fails with the last value seen."""
+        """Poll `expr` until its value satisfies `pred`; fails with the last value seen.
+        NOTE: 90 s, because a value crosses the replica's metrics push, Ray's export period and
+        the scrape; on a loaded 2-core machine that once took longer than 30 s."""
         deadline, last = time.monotonic() + timeout_s, None
         while time.monotonic() < deadline:
             last = self.value(expr)

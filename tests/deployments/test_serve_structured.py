@@ -167,8 +167,10 @@ def test_required_and_named_tool_calls_match_the_schemas(client: openai.OpenAI, 
 
 @pytest.mark.parametrize("choice", ["required", "named"])
 def test_tool_calls_streamed(client: openai.OpenAI, model: str, choice: str) -> None:
-    """The name first, then the arguments in pieces as they decode; the pieces of each call
-    concatenate to the arguments the same request gets whole (same seed)."""
+    """The name first, then the arguments; the pieces of each call concatenate to the arguments
+    the same request gets whole (same seed). How many pieces arrive depends on how the stream's
+    chunks coalesce (a loaded machine sends fewer, larger ones), so piecewise emission itself is
+    checked without a server, in test_tool_stream.py."""
     pick = (
         choice if choice == "required" else {"type": "function", "function": {"name": "set_alarm"}}
     )
@@ -189,7 +191,6 @@ def test_tool_calls_streamed(client: openai.OpenAI, model: str, choice: str) -> 
     ]
     for i in names:
         check("".join(args[i]), PARAMS[names[i]])
-    assert max(len([p for p in a if p]) for a in args.values()) >= 2  # streamed, not at the end
 
 
 def test_multi_turn_with_a_tool_message(client: openai.OpenAI, model: str) -> None:

@@ -94,12 +94,14 @@ def cpu_used(before: dict[int, tuple[str, float]], pid: int) -> list[tuple[float
 
 
 @contextmanager
-def ours(model_args: dict[str, object], timeout_s: float) -> Iterator[tuple[str, int]]:
-    """`serve run deployments/lfm2.yaml` with `model_args` set in its args (nothing else, no
-    environment of ours); yields (URL, the serve run pid)."""
+def ours(
+    model_args: dict[str, object], timeout_s: float, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """`serve run deployments/lfm2.yaml` with `model_args` set in its args (nothing else, and
+    no environment of ours unless `env`, a diagnosis run's); yields (URL, the serve run pid)."""
     config = yaml.safe_load((ROOT / "deployments" / "lfm2.yaml").read_text())
     config["applications"][0]["args"].update(model_args)
-    with serve_run(config, timeout_s) as (url, log):
+    with serve_run(config, timeout_s, env) as (url, log):
         cfg = str(log.parent / "serve.yaml")  # NOTE: serve_run's layout: the config by the log
         yield url, next(p for p, (_, cmd) in processes().items() if cfg in cmd)
 

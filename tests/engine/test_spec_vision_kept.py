@@ -6,6 +6,8 @@ engine with speculation off: token-identical greedy output."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,10 +79,19 @@ def two_turns(vl: Vl, method: str | None) -> tuple[list[list[int]], int, LLMEngi
     return [first, second], cached, eng
 
 
+Turns = Callable[[str | None], tuple[list[list[int]], int, LLMEngine]]
+Preempted = Callable[[str | None], tuple[list[list[int]], list[str], LLMEngine]]
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_an_image_in_a_sessions_second_turn(vl: Vl, method: str) -> None:
-    ref, ref_cached, _ = two_turns(vl, None)
-    ours, cached, eng = two_turns(vl, method)
+    check_second_turn(functools.partial(two_turns, vl), method)
+
+
+def check_second_turn(two_turns: Turns, method: str) -> None:
+    """Speculation on == off for both turns; the second resumes the first's kept state."""
+    ref, ref_cached, _ = two_turns(None)
+    ours, cached, eng = two_turns(method)
     assert ours == ref
     assert cached == ref_cached > 0, "the second turn resumes the first turn's kept state"
     proposed, accepted = spec_counts(eng)
@@ -89,10 +100,8 @@ def test_an_image_in_a_sessions_second_turn(vl: Vl, method: str) -> None:
         assert accepted > 0, (proposed, accepted)
 
 
-def preempted_run(vl: Vl, method: str | None) -> tuple[list[list[int]], list[str], LLMEngine]:
-    """Three image requests and a text one on a page pool too small for all of them."""
-    tok = build_tokenizer(1024)
-    eng = build(vl, method, num_kv_pages=14, enable_prefix_caching=False)
+def count_preemptions(eng: LLMEngine) -> list[str]:
+    """The ids of the requests `eng`'s scheduler preempts, as it preempts them."""
     preempt, preempted = eng.scheduler._preempt, []
 
     def counting(req):  # noqa: ANN001, ANN202 - the scheduler's own signature
@@ -100,6 +109,14 @@ def preempted_run(vl: Vl, method: str | None) -> tuple[list[list[int]], list[str
         return preempt(req)
 
     eng.scheduler._preempt = counting  # type: ignore[method-assign]
+    return preempted
+
+
+def preempted_run(vl: Vl, method: str | None) -> tuple[list[list[int]], list[str], LLMEngine]:
+    """Three image requests and a text one on a page pool too small for all of them."""
+    tok = build_tokenizer(1024)
+    eng = build(vl, method, num_kv_pages=14, enable_prefix_caching=False)
+    preempted = count_preemptions(eng)
     rids = []
     for seed, parts in enumerate(
         [[FIRST, "What?"], [SECOND, "Describe."], [FIRST, "Why?"], ["Text."]]
@@ -112,8 +129,13 @@ def preempted_run(vl: Vl, method: str | None) -> tuple[list[list[int]], list[str
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_image_requests_preempted_while_speculating(vl: Vl, method: str) -> None:
-    ref, _, _ = preempted_run(vl, None)
-    ours, preempted, eng = preempted_run(vl, method)
+    check_preempted(functools.partial(preempted_run, vl), method)
+
+
+def check_preempted(preempted_run: Preempted, method: str) -> None:
+    """Speculation on == off with preemption; every slot and page free after."""
+    ref, _, _ = preempted_run(None)
+    ours, preempted, eng = preempted_run(method)
     assert preempted, "no preemption: the page pool is too large for this test"
     assert ours == ref
     proposed, accepted = spec_counts(eng)

@@ -325,7 +325,7 @@ def lora(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
                 yield Launch(
                     f"{name} {in_f}->{out_f} r={r} T={t}",
                     lambda x=x, y=y, ids=ids, a=a, b=b, r=r: k.lora_delta_triton(
-                        y, x, a, b, ids, r
+                        y, x, a, b, ids, r, align=k.align_rows(ids, LORA_SLOTS)
                     ),
                 )
 

@@ -204,8 +204,9 @@ class RayExecutor(BaseExecutor):
         """Every rank writes its own shard of `adapter` into `slot` (`lora.install`), between
         steps: the engine calls this from its step loop, never during one.
 
-        NOTE: the adapter goes to the object store once and every rank slices what it holds;
-        a refusal (the same on every rank: the checks see each rank's shard shapes) comes
+        NOTE: the adapter goes to the object store once, as its checked file index (no
+        weights), and every rank reads only its own shard from the file (lora.shard_read); a
+        refusal (the same on every rank: the checks see each rank's shard shapes) comes
         back as the rank's LoraError, not Ray's wrapper."""
         ref = ray.put(adapter)
         try:

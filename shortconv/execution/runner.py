@@ -217,7 +217,7 @@ def _lora_batch(spec: WorkerSpec, cls: type) -> LoraBatch | None:
     # only its language model (LinearBase projections) is adaptable.
     if not hasattr(cls, "hf_to_ours"):
         raise ConfigError(f"enable_lora: {spec.model_cfg.arch} is not supported yet")
-    return LoraBatch(cfg.max_loras, cfg.max_lora_rank)
+    return LoraBatch(cfg.max_loras, cfg.max_lora_rank, spec.device)
 
 
 def _per_sample(logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from shortconv.kernels.launch_config import GridKernel, LaunchConfig
 from shortconv.kernels.lora_ref import check_lora_shapes
-from shortconv.kernels.moe_align import MoeAlignment, align_routes
+from shortconv.kernels.moe_align import MoeAlignment, align_routes, padded_length
 from shortconv.kernels.moe_triton import block_m_for
 
 # Ranks up to 64 fit one [BLOCK_M, BLOCK_R] fp32 accumulator; 16 is tl.dot's smallest width.
@@ -163,6 +163,17 @@ def _check_rank(rank: int) -> None:
         raise ValueError(f"the LoRA kernels take ranks 1..{MAX_RANK}, got {rank}")
 
 
+def _check_align(align: MoeAlignment, num_rows: int, num_slots: int) -> None:
+    """`align` is made by the caller (once per step): its shape must be that of `align_rows`
+    over `num_rows` rows and `num_slots` slots (a host-side shape check, no sync)."""
+    want = padded_length(num_rows, num_slots, align.block_m)
+    if align.sorted_route_ids.numel() != want:
+        raise ValueError(
+            f"align was made for other rows: {align.sorted_route_ids.numel()} sorted rows, "
+            f"align_rows of {num_rows} rows over {num_slots} slots has {want}"
+        )
+
+
 def _launch_options(
     rank: int, dtype: torch.dtype, align: MoeAlignment
 ) -> dict[str, str | bool | int | None]:
@@ -187,20 +198,20 @@ def lora_shrink_triton(
     slots: torch.Tensor,
     rank: int,
     *,
-    align: MoeAlignment | None = None,
+    align: MoeAlignment,
 ) -> torch.Tensor:
     """s [T, rank] = x A[slot]^T per row; see `lora_ref.lora_shrink_ref`.
 
     x [T, in] in A's dtype (fp32/bf16/fp16, any strides), a [num_slots, max_rank, in] (any
     strides: LoraSlots.a is a view), slots int [T] (outside [0, num_slots): no adapter, a zero
-    row), rank <= 64 -> s [T, rank] in x's dtype, fp32 accumulation. `align`: `align_rows`
-    of the same slots, when the caller shares it with the expand."""
+    row), rank <= 64 -> s [T, rank] in x's dtype, fp32 accumulation. `align`: `align_rows(slots,
+    num_slots)`, made by the caller (the engine: once per step, for every layer)."""
     check_lora_shapes(x.shape[0], slots, a, rank, "A")
     _check_rank(rank)
+    _check_align(align, x.shape[0], a.shape[0])
     if x.dtype != a.dtype or x.shape[1] != a.shape[2]:
         raise ValueError(f"x {x.dtype}{tuple(x.shape)} does not fit A {a.dtype}{tuple(a.shape)}")
     s = torch.zeros(x.shape[0], rank, dtype=x.dtype, device=x.device)
-    align = align_rows(slots, a.shape[0]) if align is None else align
     shrink, _ = _kernels()
     shrink[(align.expert_of_block.numel(),)](
         x,
@@ -230,17 +241,18 @@ def lora_expand_triton(
     slots: torch.Tensor,
     scale: float = 1.0,
     *,
-    align: MoeAlignment | None = None,
+    align: MoeAlignment,
 ) -> torch.Tensor:
     """y [T, out] += scale * s B[slot]^T in place, rows without an adapter untouched; see
     `lora_ref.lora_expand_ref`. s [T, rank] in B's dtype, b [num_slots, out, max_rank] (any
-    strides: LoraSlots.b is a view), y any float dtype and strides -> y."""
+    strides: LoraSlots.b is a view), y any float dtype and strides -> y. `align` as the
+    shrink's."""
     rank = s.shape[1]
     check_lora_shapes(y.shape[0], slots, b, rank, "B")
     _check_rank(rank)
+    _check_align(align, y.shape[0], b.shape[0])
     if s.dtype != b.dtype or y.shape[1] != b.shape[1]:
         raise ValueError(f"y {tuple(y.shape)} / s {s.dtype} do not fit B {b.dtype}{tuple(b.shape)}")
-    align = align_rows(slots, b.shape[0]) if align is None else align
     _, expand = _kernels()
     grid = (align.expert_of_block.numel(), triton.cdiv(y.shape[1], LORA_GEMM.block_n))
     expand[grid](
@@ -273,9 +285,12 @@ def lora_delta_triton(
     slots: torch.Tensor,
     rank: int,
     scale: float = 1.0,
+    *,
+    align: MoeAlignment,
 ) -> torch.Tensor:
     """y += scale * (x A[slot, :rank]^T) B[slot, :, :rank]^T per row, in place: the shrink and
-    the expand over one alignment. x is cast to A's dtype first (a q8 base's float input)."""
-    align = align_rows(slots, a.shape[0])
+    the expand over one alignment, `align_rows(slots, num_slots)`, which the caller makes once
+    for every layer of a step (`LoraBatch`). x is cast to A's dtype first (a q8 base's float
+    input)."""
     s = lora_shrink_triton(x.to(a.dtype), a, slots, rank, align=align)
     return lora_expand_triton(y, s, b, slots, scale, align=align)

@@ -29,17 +29,37 @@ def mark_rows(param: nn.Parameter, dim: int, ranges: tuple[tuple[int, int], ...]
     return param
 
 
-def rank_block(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext) -> torch.Tensor:
-    dim = getattr(param, "shard_dim", None)
+Ranges = tuple[tuple[int, int], ...]
+
+
+def shard_ranges(param: nn.Parameter, length: int, tp: ParallelContext) -> Ranges | None:
+    """This rank's [start, stop) slices, in order, along `param.shard_dim` of a full tensor
+    `length` long there; None: the whole tensor (replicated, or one rank). A range may run
+    past `length` (a full tensor too short for this layer): callers report a shape mismatch.
+    Readers that slice a file (LoRA adapters: safetensors' get_slice) use this directly."""
     ranges = getattr(param, "shard_ranges", None)
     if ranges is not None:
-        if max((stop for _, stop in ranges), default=0) > full.shape[dim]:
-            return full.new_empty((0,))  # too short: reported as a shape mismatch
-        return torch.cat([full.narrow(dim, a, b - a) for a, b in ranges], dim=dim)
-    if dim is None or tp.size == 1:
+        return tuple(ranges)
+    if getattr(param, "shard_dim", None) is None or tp.size == 1:
+        return None
+    blocks = _chunks(0, length, getattr(param, "shard_parts", 1))
+    return tuple(_chunks(start, stop, tp.size)[tp.rank] for start, stop in blocks)
+
+
+def _chunks(start: int, stop: int, n: int) -> list[tuple[int, int]]:
+    """torch.chunk's split of [start, stop) into n pieces (trailing ones may be empty)."""
+    size = -(-(stop - start) // n)
+    return [(min(start + i * size, stop), min(start + (i + 1) * size, stop)) for i in range(n)]
+
+
+def rank_block(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext) -> torch.Tensor:
+    dim = getattr(param, "shard_dim", None)
+    ranges = None if dim is None else shard_ranges(param, full.shape[dim], tp)
+    if ranges is None:
         return full
-    blocks = full.chunk(getattr(param, "shard_parts", 1), dim=dim)
-    return torch.cat([b.chunk(tp.size, dim=dim)[tp.rank] for b in blocks], dim=dim)
+    if max((stop for _, stop in ranges), default=0) > full.shape[dim]:
+        return full.new_empty((0,))  # too short: reported as a shape mismatch
+    return torch.cat([full.narrow(dim, a, b - a) for a, b in ranges], dim=dim)
 
 
 def load_shard_(param: nn.Parameter, full: torch.Tensor, tp: ParallelContext, name: str) -> None:

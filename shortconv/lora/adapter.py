@@ -1,8 +1,10 @@
 """Read one PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) from disk.
 
-The engine does not import peft: it reads the two files PEFT's `save_pretrained` writes. What
-this module checks needs no model (the files, the config's options); the checks against the
-model's layers (module names, shapes, rank) are `lora.install`'s.
+The engine does not import peft: it reads the two files PEFT's `save_pretrained` writes: the
+config, and the weights file's header (names, shapes, dtypes), never its tensor data, which
+each TP rank reads for itself, its shard only (`lora.shard_read`). What this module checks
+needs no model (the files, the config's options); the checks against the model's layers
+(module names, shapes, rank) are `lora.install`'s.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 # PEFT's key prefix on a causal LM (PeftModelForCausalLM.base_model.model).
 _PEFT_PREFIX = "base_model.model."
 _PARTS = {"lora_A": 0, "lora_B": 1}
+# The float dtypes an adapter's tensors may have (safetensors' names), by bytes per element.
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+_Entry = tuple[tuple[int, int], int]  # (shape, itemsize)
 
 
 class LoraError(ValueError):
@@ -33,25 +36,55 @@ class LoraError(ValueError):
 
 
 @dataclass(frozen=True)
+class LoraTensors:
+    """One module's A [r, in] and B [out, r] as the weights file holds them: keys and full
+    shapes, no data (each rank reads only its own shard: lora.shard_read)."""
+
+    a_key: str
+    b_key: str
+    a_shape: tuple[int, int]
+    b_shape: tuple[int, int]
+    itemsize: int
+
+    @property
+    def rank(self) -> int:
+        return self.a_shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return (math.prod(self.a_shape) + math.prod(self.b_shape)) * self.itemsize
+
+
+@dataclass(frozen=True)
 class LoraAdapter:
-    """One adapter as read: `weights` maps each HF module name (as the base checkpoint names
-    it, PEFT's prefix stripped) to its (A [r, in], B [out, r]); `scale` is alpha/r, or
-    alpha/sqrt(r) with rsLoRA. `target_modules` is PEFT's list (or regex string)."""
+    """One adapter as read and checked: `modules` maps each HF module name (as the base
+    checkpoint names it, PEFT's prefix stripped) to its tensors in the file; `scale` is
+    alpha/r, or alpha/sqrt(r) with rsLoRA. `target_modules` is PEFT's list (or regex string).
+
+    NOTE: it holds no weights: it is what the engine ships to every rank (small), and each
+    rank reads its shard from `weights_file` (so the file must be readable where every rank
+    runs, as the base checkpoint is). `stamp` (size, mtime_ns) is the file's as checked here:
+    a rank refuses a file that changed since (`lora.shard_read`)."""
 
     path: Path
     rank: int
     scale: float
     target_modules: tuple[str, ...] | str
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    modules: dict[str, LoraTensors]
+    stamp: tuple[int, int]
+
+    @property
+    def weights_file(self) -> Path:
+        return self.path / WEIGHTS_FILE
 
     @property
     def tensor_rank(self) -> int:
         """The largest rank its tensors have: what its slot holds (`rank` is the config's)."""
-        return max(a.shape[0] for a, _ in self.weights.values())
+        return max(t.rank for t in self.modules.values())
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+        return sum(t.nbytes for t in self.modules.values())
 
 
 def read_adapter(path: str | Path) -> LoraAdapter:
@@ -65,8 +98,9 @@ def read_adapter(path: str | Path) -> LoraAdapter:
     scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
     targets = cfg.get("target_modules")
     target_modules = targets if isinstance(targets, str) else tuple(sorted(targets or ()))
-    weights = _pair_tensors(root, _read_weights(root))
-    return LoraAdapter(root, rank, float(scale), target_modules, weights)
+    stamp, index = _read_index(root)
+    modules = _pair_tensors(root, index)
+    return LoraAdapter(root, rank, float(scale), target_modules, modules, stamp)
 
 
 def _read_config(root: Path) -> dict:
@@ -101,38 +135,56 @@ def _refuse_options(root: Path, cfg: dict) -> None:
         raise LoraError(f"{root / CONFIG_FILE}: unsupported PEFT options {bad}")
 
 
-def _read_weights(root: Path) -> dict[str, torch.Tensor]:
+def file_stamp(file: Path) -> tuple[int, int]:
+    """(size, mtime_ns): what tells a rank the weights file is still the one checked."""
+    st = file.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _read_index(root: Path) -> tuple[tuple[int, int], dict[str, _Entry]]:
+    """The weights file's stamp and its tensors' (shape, itemsize), from the header alone."""
     file = root / WEIGHTS_FILE
     if not file.is_file():
         raise LoraError(f"{root}: no {WEIGHTS_FILE}", "files")
     try:
-        return load_file(str(file))
+        stamp = file_stamp(file)
+        # NOTE: opening checks the header and that it covers the whole file (a truncated
+        # file is refused here); no tensor data is read.
+        with safe_open(str(file), "pt", device="cpu") as f:
+            slices = {key: f.get_slice(key) for key in f.keys()}
+            index = {k: (tuple(s.get_shape()), s.get_dtype()) for k, s in slices.items()}
     except (SafetensorError, OSError, ValueError) as exc:
         msg = f"{file}: not a readable safetensors file ({exc})"
         raise LoraError(msg, "files") from exc
+    return stamp, {k: _entry(file, k, shape, dtype) for k, (shape, dtype) in index.items()}
 
 
-def _pair_tensors(
-    root: Path, tensors: dict[str, torch.Tensor]
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{module: (A, B)} from PEFT's `<prefix><module>.lora_A.weight` / `.lora_B.weight` keys."""
-    parts: dict[str, list[torch.Tensor | None]] = {}
-    for key, tensor in tensors.items():
+def _entry(file: Path, key: str, shape: tuple[int, ...], dtype: str) -> _Entry:
+    itemsize = _ITEMSIZE.get(dtype)
+    if itemsize is None or len(shape) != 2:
+        raise LoraError(f"{file}: unexpected tensor {key!r} {dtype}{shape}", "files")
+    return (shape[0], shape[1]), itemsize
+
+
+def _pair_tensors(root: Path, index: dict[str, _Entry]) -> dict[str, LoraTensors]:
+    """{module: LoraTensors} from PEFT's `<prefix><module>.lora_A.weight` / `.lora_B.weight`."""
+    parts: dict[str, list[tuple[str, _Entry] | None]] = {}
+    for key, entry in index.items():
         stem, _, leaf = key.removeprefix(_PEFT_PREFIX).rpartition(".")
         module, _, kind = stem.rpartition(".")
-        if leaf != "weight" or kind not in _PARTS or tensor.dim() != 2:
-            shape = tuple(tensor.shape)
-            raise LoraError(f"{root / WEIGHTS_FILE}: unexpected tensor {key!r} {shape}", "files")
-        parts.setdefault(module, [None, None])[_PARTS[kind]] = tensor
-    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if leaf != "weight" or kind not in _PARTS:
+            raise LoraError(f"{root / WEIGHTS_FILE}: unexpected tensor {key!r} {entry[0]}", "files")
+        parts.setdefault(module, [None, None])[_PARTS[kind]] = (key, entry)
+    out: dict[str, LoraTensors] = {}
     for module, (a, b) in parts.items():
         if a is None or b is None:
             msg = f"{root / WEIGHTS_FILE}: {module} has lora_A or lora_B missing"
             raise LoraError(msg, "files")
-        if a.shape[0] != b.shape[1]:
-            msg = f"{module}: lora_A rank {a.shape[0]} != lora_B rank {b.shape[1]}"
+        (a_key, (a_shape, a_size)), (b_key, (b_shape, _)) = a, b
+        if a_shape[0] != b_shape[1]:
+            msg = f"{module}: lora_A rank {a_shape[0]} != lora_B rank {b_shape[1]}"
             raise LoraError(msg, "files")
-        out[module] = (a, b)
+        out[module] = LoraTensors(a_key, b_key, a_shape, b_shape, a_size)
     if not out:
         raise LoraError(f"{root / WEIGHTS_FILE}: no LoRA tensors", "files")
     return out

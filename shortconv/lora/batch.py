@@ -5,37 +5,61 @@ from __future__ import annotations
 import torch
 
 from shortconv.engine.plan import StepPlan
-from shortconv.lora.step import NO_ADAPTER, LoraStep, resolve_step, stack_columns
+from shortconv.lora.kernel import KernelRows, LoraKernel, lora_kernel
+from shortconv.lora.step import NO_ADAPTER, LoraStep, resolve_step, stack_columns, step_rank
 
 __all__ = ["NO_ADAPTER", "LoraBatch"]
 
 
 class LoraBatch:
-    """One per model (shared by every LoRA layer, made when methods are bound): the runner
-    sets it from the plan once per step, before the forward; layers only read it.
+    """One per model (shared by every LoRA layer, made before the layers are bound): the
+    runner sets it from the plan once per step, before the forward; layers only read it.
 
-    Eager steps read `step` (lora.step: stacked or grouped, chosen here, once); a step with
-    no adapter rows has none, and every LoRA layer is its base method alone.
+    The path is bound here, once, from the model's device: `kernel` (the Triton kernels,
+    lora.kernel) or None (the torch paths of lora.step / lora.delta). A step builds only what
+    its path reads:
+
+    * torch: `step` (stacked mask or groups, chosen per step); None when no row has an
+      adapter, and every LoRA layer is then its base method alone.
+    * Triton: `kernel_rows(num_rows)`: each row's slot, the rank and the rows' alignment by
+      slot, made once per step (`align_rows` is the same for every layer) and read by every
+      layer's delta.
 
     Graph steps (`graphed`, on only inside the graph runner's captured region) read
     `token_slots` instead: a static buffer (`reserve`), each token row's slot, in place every
     step, with rows that have no adapter (and a bucket's pad rows) at `zero_slot`. Its shape
-    never changes, so a captured graph reads it; `graph_step` runs the stacked path from it
-    at the full max rank (fixed shapes, no host sync).
+    never changes, so a captured graph reads it at the full max rank (fixed shapes, no host
+    sync). On the Triton path the region's first LoRA layer aligns its rows and the rest read
+    that alignment: a captured graph records `align_rows` once, and each replay recomputes it
+    from `token_slots` into the graph's own (static) buffers before any layer reads them.
 
     NOTE: `zero_slot` is `max_loras`, a slot no layer holds: no stacked column matches it.
     `slot_ranks` is each slot's adapter rank (the runner sets it on load and unload); a slot
     it was never told of counts at `max_rank`, which is only ever too wide, never wrong
     (A and B are zero past a slot's rank)."""
 
-    def __init__(self, max_loras: int, max_rank: int) -> None:
+    def __init__(self, max_loras: int, max_rank: int, device: torch.device) -> None:
         self.max_loras, self.max_rank = max_loras, max_rank
         self.zero_slot = max_loras
         self.slot_ranks = [max_rank] * max_loras
+        self.kernel: LoraKernel | None = lora_kernel(device)
         self.step: LoraStep | None = None
-        self.graphed = False
         self.token_slots: torch.Tensor | None = None
         self._graph_columns: torch.Tensor | None = None
+        self._rows: KernelRows | None = None
+        # The graphed region's alignment, by row count: made by its first layer, cleared
+        # whenever the region is entered or left (never read across steps or captures).
+        self._graph_rows: dict[int, KernelRows] = {}
+        self._graphed = False
+
+    @property
+    def graphed(self) -> bool:
+        return self._graphed
+
+    @graphed.setter
+    def graphed(self, on: bool) -> None:
+        self._graphed = on
+        self._graph_rows.clear()
 
     def reserve(self, num_tokens: int, device: torch.device) -> None:
         """Allocate `token_slots` for up to `num_tokens` rows (the graph runner, at build)."""
@@ -54,7 +78,16 @@ class LoraBatch:
 
     def set_rows(self, slots: list[int], device: torch.device) -> None:
         self._set_static(slots)
-        self.step = resolve_step(slots, self.slot_ranks, device)
+        self._graph_rows.clear()
+        if self.kernel is None:
+            self.step = resolve_step(slots, self.slot_ranks, device)
+            return
+        rank = step_rank(slots, self.slot_ranks)
+        if rank == 0:
+            self._rows = None
+            return
+        ids = torch.tensor(slots, dtype=torch.int64).to(device)
+        self._rows = KernelRows(ids, rank, self.kernel.align(ids, self.max_loras))
 
     def graph_step(self, num_rows: int) -> LoraStep:
         """The stacked step of a captured region's first `num_rows` rows, from `token_slots`."""
@@ -63,19 +96,22 @@ class LoraBatch:
         )
         rows = self.token_slots[:num_rows]
         mask = rows[:, None] == self._graph_columns[None, :]
-        return LoraStep(self.max_rank, mask=mask, slots=rows)
+        return LoraStep(self.max_rank, mask=mask)
 
-    def kernel_rows(self, num_rows: int) -> tuple[torch.Tensor, int] | None:
-        """(each row's slot, the rank to read) for the Triton kernels, None when no row has
-        an adapter. A graph step reads the static buffer at the full max rank (no mask is
-        built: the kernels sort the rows by slot, and skip the zero slot's)."""
-        if self.graphed:
-            assert self.token_slots is not None, "graph steps need LoraBatch.reserve"
-            return self.token_slots[:num_rows], self.max_rank
-        step = self.step
-        if step is None or step.slots is None:
-            return None
-        return step.slots, step.rank
+    def kernel_rows(self, num_rows: int) -> KernelRows | None:
+        """The Triton path's rows, None when no row has an adapter. A graph step reads the
+        static buffer at the full max rank (the kernels skip the zero slot's rows)."""
+        if not self._graphed:
+            return self._rows
+        rows = self._graph_rows.get(num_rows)
+        if rows is None:
+            assert self.kernel is not None and self.token_slots is not None, (
+                "graph steps on the Triton path need LoraBatch.reserve"
+            )
+            ids = self.token_slots[:num_rows]
+            rows = KernelRows(ids, self.max_rank, self.kernel.align(ids, self.max_loras))
+            self._graph_rows[num_rows] = rows
+        return rows
 
     def _set_static(self, slots: list[int]) -> None:
         """Fill `token_slots` in place (pad rows past the plan's: the zero slot). A step

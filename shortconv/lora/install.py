@@ -13,11 +13,10 @@ from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.linear import LinearBase
 from shortconv.layers.linear_binding import linear_layers
 from shortconv.layers.linear_float import FLOAT
-from shortconv.layers.shard import rank_block
-from shortconv.lora.adapter import LoraAdapter, LoraError
+from shortconv.layers.shard import shard_ranges
+from shortconv.lora.adapter import LoraAdapter, LoraError, LoraTensors
 from shortconv.lora.linear import LoRALinear, LoraSlots
-
-_Pair = tuple[torch.Tensor, torch.Tensor]
+from shortconv.lora.shard_read import ShardPlan, read_shards
 
 
 def lora_layers(model: nn.Module) -> dict[str, LinearBase]:
@@ -32,21 +31,25 @@ def install_adapter(
     adapter: LoraAdapter,
     tp: ParallelContext,
 ) -> None:
-    """Put `adapter` (B pre-scaled) into `slot`; LoraError naming the module otherwise.
+    """Put `adapter` (B pre-scaled) into `slot`; LoraError naming the module otherwise. Only
+    this rank's shard of each tensor is read from the file (lora.shard_read), after every
+    module's shapes are checked from the file's header.
 
     NOTE: a module whose layer holds an empty shard on this rank (ZAYA1's delayed values on
     the rank with no previous-token head) has nothing to adapt here; its other ranks check it."""
     layers = lora_layers(model)
     # NOTE: by method, not by weight alone: a q8 layer's float weight is empty after load too.
     empty = {n for n, m in linear_layers(model) if m.method is FLOAT and not m.weight.numel()}
-    placed = [
-        _placed(name, renames, layers, adapter, tp)
-        for name in adapter.weights
+    placed = {
+        name: _placed(name, renames, layers, adapter, tp)
+        for name in adapter.modules
         if _ours(name, renames) not in empty
-    ]
+    }
+    shards = read_shards(adapter, {name: plan for name, (_, plan) in placed.items()})
     clear_slot(model, slot)
     with torch.no_grad():
-        for layer, (a, b) in placed:
+        for name, (layer, _) in placed.items():
+            a, b = shards[name]
             slots, r = _slots(layer), a.shape[0]
             slots.a[slot, :r].copy_(a)
             slots.b[slot, :, :r].copy_(b * adapter.scale)
@@ -83,8 +86,8 @@ def _placed(
     layers: dict[str, LinearBase],
     adapter: LoraAdapter,
     tp: ParallelContext,
-) -> tuple[LinearBase, _Pair]:
-    """The layer `hf_module` adapts and this rank's (A, B) for it, checked."""
+) -> tuple[LinearBase, ShardPlan]:
+    """The layer `hf_module` adapts and the part of its (A, B) this rank reads, checked."""
     layer = layers.get(_ours(hf_module, renames))
     if layer is None:
         raise LoraError(
@@ -92,34 +95,34 @@ def _placed(
             f"adapts (supported: {_leaf_names(layers)})",
             "target",
         )
-    a, b = adapter.weights[hf_module]
+    t = adapter.modules[hf_module]
     slots = _slots(layer)
-    if a.shape[0] > slots.a.shape[1]:
+    if t.rank > slots.a.shape[1]:
         raise LoraError(
-            f"{adapter.path}: {hf_module} has rank {a.shape[0]}, above max_lora_rank "
+            f"{adapter.path}: {hf_module} has rank {t.rank}, above max_lora_rank "
             f"{slots.a.shape[1]}",
             "rank",
         )
-    local = _shard(layer, a, b, tp)
-    want_in, want_out = slots.a.shape[2], slots.b.shape[1]
-    if local[0].shape[1] != want_in or local[1].shape[0] != want_out:
+    plan = _shard_plan(layer, t, tp)
+    (_, local_in), (local_out, _) = plan.local_shapes(t)
+    if local_in != slots.a.shape[2] or local_out != slots.b.shape[1]:
         raise LoraError(
-            f"{adapter.path}: {hf_module} is [{b.shape[0]} x {a.shape[1]}] in the adapter, "
+            f"{adapter.path}: {hf_module} is [{t.b_shape[0]} x {t.a_shape[1]}] in the adapter, "
             f"but this model's layer is not (an adapter for another base model?)",
             "shape",
         )
-    return layer, local
+    return layer, plan
 
 
-def _shard(layer: LinearBase, a: torch.Tensor, b: torch.Tensor, tp: ParallelContext) -> _Pair:
+def _shard_plan(layer: LinearBase, t: LoraTensors, tp: ParallelContext) -> ShardPlan:
     """A and B sharded with the base weight: a column-parallel (or row-sliced) weight splits
     B's rows as its own; a row-parallel one splits A's columns."""
     dim = getattr(layer.weight, "shard_dim", None)
     if dim == 0:
-        return a, rank_block(layer.weight, b, tp)
+        return ShardPlan(b_rows=shard_ranges(layer.weight, t.b_shape[0], tp))
     if dim == 1:
-        return rank_block(layer.weight, a, tp), b
-    return a, b
+        return ShardPlan(a_cols=shard_ranges(layer.weight, t.a_shape[1], tp))
+    return ShardPlan()
 
 
 def _ours(hf_module: str, renames: dict[str, str]) -> str:

@@ -17,7 +17,6 @@ import torch
 from shortconv.layers.linear_method import LinearLayer, LinearMethod
 from shortconv.lora.batch import LoraBatch
 from shortconv.lora.delta import add_grouped, add_stacked
-from shortconv.lora.kernel import DeltaKernel, delta_kernel
 
 
 @dataclass(frozen=True)
@@ -28,13 +27,12 @@ class LoraSlots:
     max_loras, in] matrix and B's the matching [out, rank * max_loras] one (`stacked`): a
     step reads all slots in one GEMM each way, with no per-step copy or transpose.
     `a` [max_loras, max_rank, in] and `b` [max_loras, out, max_rank] are slot-major views of
-    the same storage (loads, unloads and the grouped path write and read them, and so does
-    the Triton kernel: `kernel`, bound at build where the layer runs the Triton path)."""
+    the same storage (loads, unloads and the grouped path write and read them, and so do the
+    Triton kernels)."""
 
     a_store: torch.Tensor
     b_store: torch.Tensor
     ranks: list[int]
-    kernel: DeltaKernel | None = None
 
     @classmethod
     def empty(cls, weight: torch.Tensor, batch: LoraBatch) -> LoraSlots:
@@ -42,7 +40,7 @@ class LoraSlots:
         (out_f, in_f), n, r = weight.shape, batch.max_loras, batch.max_rank
         a = torch.zeros(r, n, in_f, dtype=weight.dtype, device=weight.device)
         b = torch.zeros(out_f, r, n, dtype=weight.dtype, device=weight.device)
-        return cls(a, b, [0] * n, delta_kernel(weight.device))
+        return cls(a, b, [0] * n)
 
     @property
     def a(self) -> torch.Tensor:
@@ -75,8 +73,8 @@ class LoRALinear(LinearMethod):
     stacked for decode-sized steps, grouped for long ones; lora.step), never decided here. A
     graph step runs the stacked path from the static `token_slots` at the full max rank:
     fixed shapes, no host sync, so it captures. The delta is added into the base's output in
-    place (lora.delta). Where the layer runs the Triton path, its slots' `kernel` (bound at
-    build) does the whole delta from each row's slot instead (lora.kernel)."""
+    place (lora.delta). On the Triton path (the batch's `kernel`, bound at build) the kernel
+    does the whole delta from the step's `KernelRows` instead (lora.kernel)."""
 
     base: LinearMethod
     batch: LoraBatch = field(compare=False)
@@ -94,10 +92,13 @@ class LoRALinear(LinearMethod):
         if slots is None:
             return y
         flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        if slots.kernel is not None:
+        kernel = self.batch.kernel
+        if kernel is not None:
             rows = self.batch.kernel_rows(flat_x.shape[0])
             if rows is not None:
-                slots.kernel(flat_y, flat_x, slots.a, slots.b, *rows)
+                kernel.delta(
+                    flat_y, flat_x, slots.a, slots.b, rows.slots, rows.rank, align=rows.align
+                )
             return y
         step = self.batch.graph_step(flat_x.shape[0]) if self.batch.graphed else self.batch.step
         if step is None:

@@ -1,7 +1,8 @@
 """The engine's adapters: names registered, and which of them sit in the `max_loras` slots.
 
-An adapter keeps its name (and its files' tensors, host-side) from `load_lora` to
-`unload_lora`; a request for one that was evicted puts it back into a slot. Slots are reused
+An adapter keeps its name (and its checked file index: each rank reads its weights from the
+file when the adapter is written into a slot) from `load_lora` to `unload_lora`; a request for
+one that was evicted puts it back into a slot. Slots are reused
 least recently used first, never while a live request (waiting or running) points at them.
 """
 

@@ -1,4 +1,6 @@
-"""How one step's token rows meet their adapters: resolved once per step, read by every layer.
+"""How one step's token rows meet their adapters on the torch path: resolved once per step,
+read by every layer. (The Triton path reads `lora.kernel.KernelRows` instead, and never
+builds these.)
 
 Two ways, picked per step (never per layer):
 
@@ -41,14 +43,11 @@ class LoraGroup:
 @dataclass(frozen=True)
 class LoraStep:
     """One step's rows by adapter: `mask` set (stacked: [rows, rank * num_slots] bool, True
-    where the column's slot is the row's own) or `groups` (grouped). `slots` (int64 [rows] on
-    the model's device, NO_ADAPTER or a slot outside the layers' for none) is what the Triton
-    kernels read instead (kernels.lora_triton: they sort the rows by slot themselves)."""
+    where the column's slot is the row's own) or `groups` (grouped)."""
 
     rank: int = 0
     mask: torch.Tensor | None = None
     groups: tuple[LoraGroup, ...] = ()
-    slots: torch.Tensor | None = None
 
 
 def stack_columns(num_slots: int, rank: int) -> torch.Tensor:
@@ -56,20 +55,24 @@ def stack_columns(num_slots: int, rank: int) -> torch.Tensor:
     return torch.arange(num_slots, dtype=torch.int64).repeat(rank)
 
 
+def step_rank(slots: Sequence[int], slot_ranks: Sequence[int]) -> int:
+    """The largest rank among the adapters of rows `slots` (0: no row has one)."""
+    return max((slot_ranks[s] for s in set(slots) - {NO_ADAPTER}), default=0)
+
+
 def resolve_step(
     slots: Sequence[int], slot_ranks: Sequence[int], device: torch.device
 ) -> LoraStep | None:
     """The step for token rows whose adapter slots are `slots` (NO_ADAPTER: none); None when
     no row has an adapter of nonzero rank (every layer is then its base alone)."""
-    used = sorted(set(slots) - {NO_ADAPTER})
-    rank = max((slot_ranks[s] for s in used), default=0)
+    rank = step_rank(slots, slot_ranks)
     if rank == 0:
         return None
+    used = sorted(set(slots) - {NO_ADAPTER})
     ids = torch.tensor(slots, dtype=torch.int64)
-    rows = ids.to(device)
     needed = sum(slot_ranks[s] for s in used)
     if len(slots) <= STACKED_MAX_ROWS and rank * len(slot_ranks) <= STACKED_MAX_WASTE * needed:
         mask = ids[:, None] == stack_columns(len(slot_ranks), rank)[None, :]
-        return LoraStep(rank, mask=mask.to(device), slots=rows)
+        return LoraStep(rank, mask=mask.to(device))
     groups = tuple(LoraGroup(s, torch.nonzero(ids == s).flatten().to(device)) for s in used)
-    return LoraStep(rank, groups=groups, slots=rows)
+    return LoraStep(rank, groups=groups)

@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 
 from shortconv.kernels.lora_ref import lora_expand_ref, lora_shrink_ref  # noqa: E402
 from shortconv.kernels.lora_triton import (  # noqa: E402
+    align_rows,
     lora_delta_triton,
     lora_expand_triton,
     lora_shrink_triton,
@@ -42,7 +43,7 @@ def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
 def _slots(in_f: int, out_f: int, ranks: list[int], dtype: torch.dtype, seed: int) -> LoraSlots:
     """The engine's slot storage for one layer, each slot s filled to rank ranks[s]."""
     g = torch.Generator().manual_seed(seed)
-    batch = LoraBatch(NUM_SLOTS, max(ranks))
+    batch = LoraBatch(NUM_SLOTS, max(ranks), torch.device("cpu"))
     slots = LoraSlots.empty(torch.empty(out_f, in_f, dtype=dtype), batch)
     for s, r in enumerate(ranks):
         slots.a[s, :r] = (torch.randn(r, in_f, generator=g) / in_f**0.5).to(dtype)
@@ -75,12 +76,13 @@ def test_shrink_and_expand_match_ref(name: str, dtype: torch.dtype) -> None:
     slots, ids = _slots(in_f, out_f, ranks, dtype, seed=1), _rows(t, seed=2)
     x, rank = _x(t, in_f, dtype, seed=3), max(ranks)
     atol, rtol = TOL[dtype]
-    s = lora_shrink_triton(x, slots.a, ids, rank)
+    align = align_rows(ids, NUM_SLOTS)
+    s = lora_shrink_triton(x, slots.a, ids, rank, align=align)
     ref_s = lora_shrink_ref(x, slots.a, ids, rank)
     assert s.dtype == dtype and s.shape == (t, rank) and ref_s.abs().sum() > 0
     torch.testing.assert_close(s, ref_s, atol=atol, rtol=rtol)
     y0 = _x(t, out_f, dtype, seed=4)
-    got = lora_expand_triton(y0.clone(), ref_s, slots.b, ids, scale=0.5)
+    got = lora_expand_triton(y0.clone(), ref_s, slots.b, ids, scale=0.5, align=align)
     want = lora_expand_ref(y0.clone(), ref_s, slots.b, ids, scale=0.5)
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
     dead = (ids < 0) | (ids >= NUM_SLOTS)
@@ -106,7 +108,9 @@ def test_delta_matches_cpu_stacked_and_grouped_paths(rank: int) -> None:
     used = sorted(set(ids.tolist()) - {NO_ADAPTER})
     groups = tuple(LoraGroup(s, torch.nonzero(ids == s).flatten()) for s in used)
     add_grouped(grouped, x, slots.a, slots.b, ranks, groups)
-    got = lora_delta_triton(y0.clone(), x, slots.a, slots.b, ids, rank)
+    got = lora_delta_triton(
+        y0.clone(), x, slots.a, slots.b, ids, rank, align=align_rows(ids, NUM_SLOTS)
+    )
     torch.testing.assert_close(stacked, grouped, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got, stacked, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(got, y0)
@@ -115,12 +119,20 @@ def test_delta_matches_cpu_stacked_and_grouped_paths(rank: int) -> None:
 def test_rank_above_64_and_bad_shapes_are_refused() -> None:
     slots = _slots(16, 16, [8, 8, 8, 8], torch.float32, seed=0)
     x, ids = _x(3, 16, torch.float32, seed=0), torch.tensor([0, -1, 2])
+    align = align_rows(ids, NUM_SLOTS)
     with pytest.raises(ValueError, match="rank"):
-        lora_shrink_triton(x, slots.a, ids, 9)
+        lora_shrink_triton(x, slots.a, ids, 9, align=align)
     with pytest.raises(ValueError, match="slots"):
-        lora_shrink_triton(x, slots.a, ids[:2], 8)
+        lora_shrink_triton(x, slots.a, ids[:2], 8, align=align)
     with pytest.raises(ValueError, match="does not fit"):
-        lora_shrink_triton(x.half(), slots.a, ids, 8)
+        lora_shrink_triton(x.half(), slots.a, ids, 8, align=align)
     big = _slots(16, 16, [65, 1, 1, 1], torch.float32, seed=0)
     with pytest.raises(ValueError, match="1..64"):
-        lora_shrink_triton(x, big.a, ids, 65)
+        lora_shrink_triton(x, big.a, ids, 65, align=align)
+    # an alignment made for other rows (a longer step's) is refused, not read past its end
+    other = align_rows(torch.zeros(40, dtype=torch.int64), NUM_SLOTS)
+    with pytest.raises(ValueError, match="align was made for other rows"):
+        lora_shrink_triton(x, slots.a, ids, 8, align=other)
+    s = torch.zeros(3, 8)
+    with pytest.raises(ValueError, match="align was made for other rows"):
+        lora_expand_triton(torch.zeros(3, 16), s, slots.b, ids, align=other)

@@ -22,7 +22,7 @@ def _layer() -> tuple[ColumnParallelLinear, LoraBatch, list[tuple[torch.Tensor, 
     gen = torch.Generator().manual_seed(0)
     layer = ColumnParallelLinear(32, 48, False, SINGLE).requires_grad_(False)
     layer.weight.copy_(torch.randn(48, 32, generator=gen))
-    batch = LoraBatch(max_loras=len(RANKS), max_rank=8)
+    batch = LoraBatch(max_loras=len(RANKS), max_rank=8, device=torch.device("cpu"))
     layer.method = LoRALinear(FLOAT, batch)
     layer.method.process_after_load(layer)
     assert layer.lora is not None

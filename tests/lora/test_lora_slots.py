@@ -12,7 +12,7 @@ from shortconv.lora.slots import LoraSlotManager
 
 
 def _adapter() -> LoraAdapter:
-    return LoraAdapter(Path("x"), 4, 2.0, ("q_proj",), {})
+    return LoraAdapter(Path("x"), 4, 2.0, ("q_proj",), {}, (0, 0))
 
 
 def test_lru_eviction_skips_busy_slots() -> None:

@@ -79,7 +79,7 @@ def test_q8_base_with_a_float_adapter_is_exact_per_row() -> None:
     gen = torch.Generator().manual_seed(0)
     layer = ColumnParallelLinear(64, 96, False, SINGLE).requires_grad_(False)
     layer.weight.copy_(torch.randn(96, 64, generator=gen))
-    batch = LoraBatch(max_loras=2, max_rank=8)
+    batch = LoraBatch(max_loras=2, max_rank=8, device=torch.device("cpu"))
     layer.method = LoRALinear(Q8Linear(), batch)
     layer.method.process_after_load(layer)
     assert layer.lora is not None and layer.q8 is not None

@@ -1,5 +1,9 @@
-"""Where the engine keeps its derived files for the next start (torch-free: a replica that
-runs no model still reads its tokenizer from here)."""
+"""Where the engine keeps its derived files for the next start, read without torch: a replica
+that runs no model still reads its tokenizer from here.
+
+NOTE: shortconv/kernels/cpu_gemm.py has the same rule (`cache_root`) for its builds: kernels
+import no engine module, and that one imports torch. tests/engine/test_tokenizer_backend.py
+holds the two equal."""
 
 from __future__ import annotations
 

@@ -27,8 +27,6 @@ from pathlib import Path
 
 import torch
 
-from shortconv.engine.user_cache import cache_root
-
 log = logging.getLogger(__name__)
 
 Q8_BLOCK = 32  # weights per scale
@@ -159,6 +157,17 @@ def cpu_isa() -> str:
     if not {"avx512f", "avx512bw"} <= flags:
         return "avx2"
     return "avx512vnni" if "avx512_vnni" in flags else "avx512"
+
+
+def cache_root() -> Path:
+    """The per-user cache of the engine's derived files (these kernels' builds, and the
+    tokenizers of shortconv/engine/tokenizer_cache.py): `$SHORTCONV_CACHE`, else
+    `$XDG_CACHE_HOME/shortconv`, else `~/.cache/shortconv`. Everything under it is keyed by
+    what it is derived from, so deleting it only costs the next start a rebuild."""
+    root = os.environ.get("SHORTCONV_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shortconv"
+    )
+    return Path(root)
 
 
 def cache_dir() -> Path:

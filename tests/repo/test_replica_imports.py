@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from probe import run_probe
 
@@ -28,8 +29,7 @@ from deployments.frontend.openai.protocol import ChatCompletionRequest
 from deployments.frontend.openai.replica import RequestContext
 from workers.startup import PhaseClock
 
-args = AppArgs(model=sys.argv[1], device="cpu")
-assert server.in_core(args)
+args = AppArgs(model=sys.argv[1], device="cpu", engine_process=sys.argv[2] == "core")
 engine = server.start_engine(args, None, PhaseClock(), server.engine_threads(args))
 images = ChatImages.for_engine(engine, args.images)
 loop = AsyncEngine(engine, admission_limit=4)
@@ -67,13 +67,24 @@ print(json.dumps(out))
 """
 
 
-def test_replica_on_the_core_path_imports_no_torch(tmp_path: Path) -> None:
+def _serve(tmp_path: Path, where: str) -> dict[str, Any]:
     from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint("lfm2", tmp_path / "lfm2", seed=1)
-    stdout = run_probe(PROBE, str(ckpt), env={"SHORTCONV_CACHE": str(tmp_path / "cache")})
-    got = json.loads(stdout.strip().splitlines()[-1])
+    env = {"SHORTCONV_CACHE": str(tmp_path / "cache")}
+    got: dict[str, Any] = json.loads(run_probe(PROBE, str(ckpt), where, env=env).splitlines()[-1])
     assert got["plain"] in ("length", "stop")
-    assert got["json"].startswith("{")  # constrained by the core's compiled grammar
-    assert got["bad"] == [400, "response_format"]  # the core's refusal, as before
+    assert got["json"].startswith("{")  # constrained by the compiled grammar
+    assert got["bad"] == [400, "response_format"]  # the compiler's refusal, a 400 either way
+    return got
+
+
+def test_replica_on_the_core_path_imports_no_torch(tmp_path: Path) -> None:
+    got = _serve(tmp_path, "core")
     assert got["imported"] == [], f"the replica imported {got['imported']}"
+
+
+def test_an_in_process_engine_still_refuses_a_bad_grammar_with_400(tmp_path: Path) -> None:
+    """The engine in this process (tp_size > 1's path): `validate` compiles it, as before."""
+    got = _serve(tmp_path, "thread")
+    assert "torch" in got["imported"]  # the probe does see an import when there is one

@@ -31,6 +31,14 @@ def threads_for(cpus: float) -> int:
     return max(1, round(cpus))
 
 
+def core_threads() -> int | None:
+    """The torch threads for an engine core process this replica starts: its reservation's,
+    read without importing torch (the replica itself computes nothing). None outside Ray:
+    the core keeps torch's default, as `follow_reservation` would."""
+    cpus = reserved_cpus()
+    return None if cpus is None else threads_for(cpus)
+
+
 def follow_reservation(who: str) -> int:
     """Set torch's intra-op threads to this process's reserved CPUs and log it; returns the
     thread count in force. Outside Ray (offline `LLM`) torch's own default is kept.

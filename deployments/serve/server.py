@@ -31,7 +31,7 @@ from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
 from deployments.frontend.openai.handoff import DecodeHandoff
 from deployments.serve.metrics_sink import RayMetricsSink, attach_ray_metrics
 from shortconv.engine.stats import StartupReport
-from workers.cpu_threads import follow_reservation, reserved_cpus, threads_for
+from workers.cpu_threads import core_threads, follow_reservation
 from workers.startup import PhaseClock
 
 __all__ = ["LLMServer", "build_engine", "start_engine", "startup_summary"]
@@ -42,11 +42,13 @@ log = logging.getLogger(__name__)
 serve_log = logging.getLogger("ray.serve")
 
 
-def startup_summary(report: StartupReport, threads: int, engine: EngineLike) -> dict[str, Any]:
+def startup_summary(
+    report: StartupReport, threads: int | None, engine: EngineLike
+) -> dict[str, Any]:
     """The replica's start-up report for its stats (and the log): phases, memory, threads, and
     each TP rank's own report."""
     ranks = engine.startup_reports()
-    serve_log.info("%s; torch threads %d", report.line(), threads)
+    serve_log.info("%s; torch threads %s", report.line(), threads or "torch's default")
     core: StartupReport | None = getattr(engine, "core_report", None)
     for rank in ([core] if core else []) + ranks:
         serve_log.info("%s", rank.line())
@@ -74,29 +76,35 @@ def share_the_gil(interval_ms: float) -> None:
     serve_log.info("GIL switch interval %.2f ms", interval_ms)
 
 
-def launch_core(args: AppArgs, engine_factory: str | None) -> Callable[[], CoreEngine] | None:
-    """Start the engine core process now (`engine_process`, tp_size=1), before this process
-    imports torch, so the two start side by side; the call returned waits for it. None: the
-    engine runs in this process (or outside Ray, where `start_engine` starts the core).
-    NOTE: Ray reserved this replica's CPUs already, so the core's torch threads (the count
-    `follow_reservation` sets here too) are known without torch."""
-    cpus = reserved_cpus()
-    if not (args.engine_process and args.tp_size == 1) or cpus is None:
-        return None
-    return CoreEngine.launch(args.model_dump(), engine_factory, threads_for(cpus))
+def in_core(args: AppArgs) -> bool:
+    """Whether the engine runs in a core process (`engine_process`, tp_size=1): then this
+    process computes nothing and never imports torch (tests/repo/test_replica_imports.py)."""
+    return args.engine_process and args.tp_size == 1
+
+
+def engine_threads(args: AppArgs) -> int | None:
+    """The engine's torch threads, following this replica's CPU reservation: a core
+    process's, read without torch (None outside Ray: torch's default there); else this
+    process's own, which imports torch (tp_size > 1: the ranks compute, each following its
+    own reservation, and this one keeps torch's count)."""
+    if in_core(args):
+        return core_threads()
+    import torch  # NOTE: here: the app's build task imports this module, never torch
+
+    return follow_reservation("replica") if args.tp_size == 1 else torch.get_num_threads()
 
 
 def start_engine(
     args: AppArgs,
     engine_factory: str | None,
     clock: PhaseClock,
-    threads: int,
+    threads: int | None,
     launched: Callable[[], CoreEngine] | None = None,
 ) -> EngineLike:
-    """The replica's engine: in its own core process (`engine_process`, tp_size=1; `launched`
-    by `launch_core`, else started here), else in this one. The core's start is one phase here;
-    its own phases are its start-up report."""
-    if launched is None and args.engine_process and args.tp_size == 1:
+    """The replica's engine: in its own core process (`in_core`; `launched` already, else
+    started here), else in this one. The core's start is one phase here; its own phases are
+    its start-up report."""
+    if launched is None and in_core(args):
         launched = CoreEngine.launch(args.model_dump(), engine_factory, threads)
     if launched is not None:
         t0 = time.perf_counter()
@@ -127,15 +135,12 @@ class LLMServer(OpenAIReplica):
         A prefill replica is this same class, called only on `prefill`."""
         clock = PhaseClock()  # NOTE: first, so `before_s` is the process's life before us
         app_args = AppArgs.model_validate(args)
-        launched = launch_core(app_args, engine_factory)  # NOTE: before torch's import
-        with clock.phase("imports"):  # the core starts meanwhile, when there is one
-            import torch  # NOTE: here: the app's build task imports this module, never torch
-
+        launched = None
+        if in_core(app_args):  # NOTE: first, so the core's start overlaps all that follows
+            launched = CoreEngine.launch(app_args.model_dump(), engine_factory, core_threads())
+        with clock.phase("imports"):  # the engine's imports when it runs in this process
             share_the_gil(app_args.gil_switch_interval_ms)
-            # tp_size > 1: the ranks compute, each following its own reservation.
-            threads = (
-                follow_reservation("replica") if app_args.tp_size == 1 else torch.get_num_threads()
-            )
+            threads = engine_threads(app_args)
         # NOTE: loading happens off the event loop so the replica stays responsive to Serve.
         engine = await asyncio.to_thread(
             start_engine, app_args, engine_factory, clock, threads, launched

@@ -128,21 +128,15 @@ class Tokenizer:
     @classmethod
     def load(cls, model_dir: str | Path) -> Tokenizer | None:
         """Load from a local directory; None when it holds no tokenizer files. A tokenizer slow
-        to build is kept in the user's cache for the next start (tokenizer_cache.py)."""
-        from transformers import AutoTokenizer
-
+        to build is kept in the user's cache for the next start (tokenizer_cache.py); the
+        class that builds it is chosen without torch where it can be (tokenizer_backend.py)."""
+        from shortconv.engine.tokenizer_backend import build_hf_tokenizer
         from shortconv.engine.tokenizer_cache import load_or_build
 
         path = Path(model_dir)
         if not any((path / name).is_file() for name in _TOKENIZER_FILES):
             return None
-        hf = load_or_build(
-            path,
-            lambda: AutoTokenizer.from_pretrained(
-                str(path), trust_remote_code=False, local_files_only=True
-            ),
-        )
-        return cls(hf)
+        return cls(load_or_build(path, lambda: build_hf_tokenizer(path)))
 
     @property
     def eos_token_id(self) -> int | None:

@@ -14,7 +14,7 @@ construction took at least `CACHE_MIN_BUILD_S` are kept (small ones gain nothing
 fill the cache). `SHORTCONV_TOKENIZER_CACHE=0` turns it off.
 
 NOTE: the entry is a pickle, read back only from the user's own cache directory
-(`cache_root` in shortconv/kernels/cpu_gemm.py), which already holds the CPU kernels this
+(`cache_root` in shortconv/engine/user_cache.py), which already holds the CPU kernels this
 process loads as native code: whoever can write there can run code as this user either way.
 A file that fails to load is rebuilt and replaced.
 """
@@ -64,7 +64,7 @@ def cache_key(model_dir: Path) -> str:
 
 
 def entries_dir() -> Path:
-    from shortconv.kernels.cpu_gemm import cache_root  # NOTE: the one rule for the cache's root
+    from shortconv.engine.user_cache import cache_root  # NOTE: the one rule for the root
 
     return cache_root() / "tokenizers"
 

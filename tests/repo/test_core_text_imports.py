@@ -6,12 +6,10 @@ imported (docs/serving_path.md, "Start-up")."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from probe import run_probe
+
 HEAVY = ("triton", "torchvision")
 
 PROBE = f"""
@@ -30,13 +28,5 @@ def test_core_text_path_imports_no_gpu_or_vision_stack(tmp_path: Path) -> None:
     from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint("lfm2", tmp_path / "lfm2", seed=1)
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(ckpt)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1:] in ([], [""]), f"imported {out.stdout.strip()}"
+    stdout = run_probe(PROBE, str(ckpt))
+    assert stdout.strip().splitlines()[-1:] in ([], [""]), f"imported {stdout.strip()}"

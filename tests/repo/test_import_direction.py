@@ -27,13 +27,12 @@ module on a cycle with the facade without any module naming it).
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from probe import run_probe
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("shortconv", "workers", "deployments")
@@ -169,15 +168,8 @@ def test_the_frontend_imports_without_ray() -> None:
     where Ray cannot be, so no import of theirs reaches Ray through another package."""
     frontend = sorted(m for m in module_files() if _top(m) == "deployments" and not _in_serve(m))
     assert "deployments.frontend.openai.api" in frontend  # the walk found the frontend
-    out = subprocess.run(
-        [sys.executable, "-c", _BLOCKED_RAY_PROBE, *frontend],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "", "frontend modules that need Ray:\n" + out.stdout
+    stdout = run_probe(_BLOCKED_RAY_PROBE, *frontend)
+    assert stdout.strip() == "", "frontend modules that need Ray:\n" + stdout
 
 
 def test_workers_do_not_import_deployments(edges: list[Edge]) -> None:

@@ -5,13 +5,8 @@ on the 2-core machine (docs/serving_path.md)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from probe import run_probe
 
 
 @pytest.mark.parametrize("module", ["deployments.serve.app", "deployments.serve.ingress"])
@@ -21,11 +16,8 @@ def test_imports_without_torch(module: str) -> None:
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "", f"{module} imported {out.stdout.strip()}"
+    stdout = run_probe(probe)
+    assert stdout.strip() == "", f"{module} imported {stdout.strip()}"
 
 
 def test_the_app_still_builds_its_deployments() -> None:

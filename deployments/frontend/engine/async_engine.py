@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import logging
 import queue
 import threading
@@ -24,6 +25,7 @@ from deployments.frontend.engine.engine_commands import (
     AddRequest,
     CheckHealth,
     Command,
+    CompileGrammar,
     ResetPrefixCache,
     Stop,
     Stream,
@@ -45,6 +47,7 @@ from deployments.frontend.engine.engine_types import (
 )
 from deployments.frontend.engine.state_ops import StateOp, StateOpName, run_state_op
 from shortconv.engine.outputs import FinishReason, RequestOutput
+from shortconv.sampling.grammar.spec import GrammarError, GrammarSpec
 from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -110,6 +113,10 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="shortconv-engine", daemon=True)
         # An engine in another process waits on its pipe inside step(): woken to send commands.
         self._wake: Callable[[], None] | None = getattr(engine, "wake", None)
+        # ... and compiles grammars there (CoreEngine.grammar_error); None: `validate` does.
+        self._core_grammar: Callable[[GrammarSpec], str | None] | None = getattr(
+            engine, "grammar_error", None
+        )
 
     # ---- caller side (asyncio) ------------------------------------------------------------
     def start(self) -> None:
@@ -190,40 +197,43 @@ class AsyncEngine:
 
     async def check_health(self) -> None:
         """Raise when the loop is dead or the executor (TP workers) fails its health check."""
-        if not self.alive:
-            raise EngineDead(self._error or "the engine loop is not running")
-        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._command(CheckHealth(fut))
-        error = await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
+        error = await self._ask(CheckHealth)
         if error is not None:
             raise EngineDead(error)
 
     async def flush_prefix_cache(self) -> int:
         """Drop the engine's prefix cache on the loop thread; returns the entries dropped."""
-        if not self.alive:
-            raise EngineDead(self._error or "the engine loop is not running")
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._command(ResetPrefixCache(fut))
-        return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
+        return int(await self._ask(ResetPrefixCache))
 
     async def update_lora(self, op: str, name: str, path: str = "") -> str | None:
         """Load (`op` "load") or unload a LoRA adapter on the loop thread, between steps; the
         refusal's message, or None. NOTE: a load reads and checks the files there, so it
         holds the steps for as long as that takes (a small adapter: milliseconds)."""
-        if not self.alive:
-            raise EngineDead(self._error or "the engine loop is not running")
-        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._command(UpdateLora(op, name, path, fut))
-        return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
+        return await self._ask(functools.partial(UpdateLora, op, name, path))
+
+    async def check_grammar(self, spec: GrammarSpec) -> None:
+        """Raise GrammarError when `spec` does not compile. An engine in this process
+        compiles it in `generate` (its `validate`); one in a core process compiles it there,
+        asked from the loop thread (the pipe's one reader), so this process never imports
+        xgrammar, nor torch with it."""
+        if self._core_grammar is None:
+            return
+        error = await self._ask(functools.partial(CompileGrammar, spec))
+        if error is not None:
+            raise GrammarError(error)
 
     async def state_op(self, op: StateOpName, session_id: str, data: bytes | None = None) -> Any:
         """Export, import or drop a session's state on the loop thread, between steps
         (deployments/frontend/engine/state_ops.py). NOTE: commands run in order, so an import
         queued before a request's AddRequest is in place when that request is scheduled."""
+        return await self._ask(functools.partial(StateOp, op, session_id, data))
+
+    async def _ask(self, command: Callable[[asyncio.Future[Any]], Command]) -> Any:
+        """Queue `command(reply)` for the loop thread and await its answer."""
         if not self.alive:
             raise EngineDead(self._error or "the engine loop is not running")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._command(StateOp(op, session_id, data, fut))
+        self._command(command(fut))
         return await asyncio.wait_for(fut, _HEALTH_TIMEOUT_S)
 
     def drop_session(self, session_id: str) -> None:
@@ -307,6 +317,9 @@ class AsyncEngine:
                 answer(fut, self.engine.flush_prefix_cache())
             case UpdateLora(op=op, name=name, path=path, reply=fut):
                 answer(fut, update_lora(self.engine, op, name, path))
+            case CompileGrammar(spec=spec, reply=fut):
+                assert self._core_grammar is not None  # NOTE: only queued for a core's engine
+                answer(fut, self._core_grammar(spec))
             case StateOp(op=op, session_id=sid, data=data, reply=fut):
                 answer(fut, run_state_op(self.engine, op, sid, data))
             case Stop():

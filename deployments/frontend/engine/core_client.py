@@ -3,7 +3,8 @@ AsyncEngine's loop thread drives it as it drives an in-process engine.
 
 `step()` waits for the core's next coalesced `StepOut` (or for a command to send: AsyncEngine
 calls `wake()` when it queues one), and returns its `CoreOutput`s. Requests are checked here
-with the engine's own `RequestLimits` before they cross. The core's death (its process exits,
+with the engine's own `RequestLimits` before they cross; a grammar is compiled by the core
+(`grammar_error`), so this process never imports torch. The core's death (its process exits,
 its pipe closes, or it sends `Died`) raises EngineDead: every in-flight stream ends with an
 error at once and the health check fails from then on.
 """
@@ -29,6 +30,7 @@ from deployments.frontend.engine.core_messages import (
     Add,
     Call,
     Cancel,
+    CheckGrammar,
     Died,
     MetricOp,
     Ready,
@@ -50,22 +52,12 @@ if TYPE_CHECKING:
     from shortconv.engine.images import AnyImage, ImageSpec
     from shortconv.engine.stats import EngineStats, GraphStats, StartupReport
     from shortconv.metrics.recorder import BaseMetricsSink, MetricsRecorder
-    from shortconv.sampling.grammar.runtime import GrammarRuntime
+    from shortconv.sampling.grammar.spec import GrammarSpec
 
 log = logging.getLogger(__name__)
 
 _CALL_TIMEOUT_S = 30.0  # a call the core does not answer this long: the core is wedged
 _STEP_WAIT_S = 0.5  # step() returns empty after this long with nothing to report
-
-
-def _grammar_checker(ready: Ready) -> GrammarRuntime | None:
-    """The engine's grammar check, run here too so a bad schema is a 400 before it crosses."""
-    if ready.limits is None:
-        return None
-    from shortconv.sampling.grammar.runtime import GrammarRuntime  # NOTE: imports torch
-
-    hf = getattr(ready.tokenizer, "hf", None)
-    return GrammarRuntime(hf, ready.limits.vocab_size, list(ready.stop_ids))
 
 
 class _Sessions:
@@ -116,18 +108,17 @@ class CoreEngine:
         self.weight_bytes = ready.weight_bytes
         self.core_report, *self.rank_reports = ready.reports
         self._sessions = _Sessions(ready.session_ttl_s, self._drop_session)
-        self._grammars = _grammar_checker(ready)
         self._status = ready.status
         self._absorb(ready.status)
 
     @classmethod
-    def spawn(cls, args: dict[str, Any], factory: str | None, threads: int) -> CoreEngine:
+    def spawn(cls, args: dict[str, Any], factory: str | None, threads: int | None) -> CoreEngine:
         """`launch`, then wait for the core to be ready."""
         return cls.launch(args, factory, threads)()
 
     @classmethod
     def launch(
-        cls, args: dict[str, Any], factory: str | None, threads: int
+        cls, args: dict[str, Any], factory: str | None, threads: int | None
     ) -> Callable[[], CoreEngine]:
         """Start the core now; the returned call waits until it is ready. A fresh interpreter
         (`python -m deployments.frontend.engine.engine_core`), like multiprocessing's
@@ -169,10 +160,16 @@ class CoreEngine:
 
     # ---- requests (AsyncEngine's loop thread) ---------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """The engine's request limits; a grammar is the core's to check (`grammar_error`)."""
         if self.limits is not None:
             self.limits.validate(prompt_token_ids, params)
-        if params.grammar is not None and self._grammars is not None:
-            self._grammars.check(params.grammar)
+
+    def grammar_error(self, spec: GrammarSpec) -> str | None:
+        """Why the core cannot compile `spec`, or None (a round trip; the loop thread's).
+        NOTE: the core compiles it, not this process: xgrammar imports torch."""
+        cid = next(self._calls)
+        self._send(CheckGrammar(cid, spec))
+        return self._reply_to(cid, "check_grammar")
 
     def place_images(
         self, prompt_token_ids: list[int], images: Sequence[AnyImage], n: int = 1
@@ -286,7 +283,7 @@ class CoreEngine:
         self._conn.close()
 
     # ---- the pipe --------------------------------------------------------------------------
-    def _send(self, msg: Add | Cancel | Call | StateCall | Shutdown) -> None:
+    def _send(self, msg: Add | Cancel | Call | CheckGrammar | StateCall | Shutdown) -> None:
         if self._dead is not None:
             raise EngineDead(self._dead)
         try:

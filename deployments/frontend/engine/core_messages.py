@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deployments.frontend.engine.engine_types import CoreOutput
+from shortconv.sampling.grammar.spec import GrammarSpec
 from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,11 +31,12 @@ MetricOp = tuple[str, str, dict[str, str], Any]
 # ---- replica -> core ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Start:
-    """The first message: the app's args, the injected engine factory, torch's threads."""
+    """The first message: the app's args, the injected engine factory, torch's threads
+    (None: torch's default)."""
 
     args: dict[str, Any]
     factory: str | None
-    threads: int
+    threads: int | None
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,16 @@ class Call:
 
 
 @dataclass(frozen=True)
+class CheckGrammar:
+    """Compile `spec` where the engine compiles grammars (cached there for the request that
+    follows), answered by `Reply(call_id, ...)`: why it does not compile, or None. NOTE: the
+    replica cannot compile it itself without importing torch (xgrammar imports it)."""
+
+    call_id: int
+    spec: GrammarSpec
+
+
+@dataclass(frozen=True)
 class StateCall:
     """A session state operation (deployments/frontend/engine/state_ops.py), answered by
     `Reply(call_id, ...)` with its result."""
@@ -79,7 +91,7 @@ class Shutdown:
     pass
 
 
-Inbound = Start | Add | Cancel | Call | StateCall | Shutdown
+Inbound = Start | Add | Cancel | Call | CheckGrammar | StateCall | Shutdown
 
 
 # ---- core -> replica ---------------------------------------------------------------------

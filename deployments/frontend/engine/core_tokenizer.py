@@ -25,7 +25,9 @@ def core_sends_tokenizer(factory: str | None) -> bool:
 
 
 def _load(args: AppArgs) -> Any:
-    from shortconv.engine.tokenizer import Tokenizer  # NOTE: imports transformers
+    # NOTE: transformers' tokenizer classes, not torch, for the generic fast tokenizer our
+    # checkpoints declare (shortconv/engine/tokenizer_backend.py); else AutoTokenizer, and torch.
+    from shortconv.engine.tokenizer import Tokenizer
 
     return Tokenizer.load(resolve_model(args))
 

@@ -13,6 +13,7 @@ from shortconv.sampling.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from deployments.frontend.engine.engine_types import Delta
     from shortconv.engine.images import AnyImage
+    from shortconv.sampling.grammar.spec import GrammarSpec
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,29 @@ class UpdateLora:
 
 
 @dataclass(frozen=True)
+class CompileGrammar:
+    """An engine in a core process compiles `spec` there; answered with why it failed, or
+    None."""
+
+    spec: GrammarSpec
+    reply: asyncio.Future[str | None]
+
+
+@dataclass(frozen=True)
 class Stop:
     pass
 
 
-Command = AddRequest | Abort | CheckHealth | ResetPrefixCache | UpdateLora | StateOp | Stop
+Command = (
+    AddRequest
+    | Abort
+    | CheckHealth
+    | ResetPrefixCache
+    | UpdateLora
+    | CompileGrammar
+    | StateOp
+    | Stop
+)
 
 
 def answer(fut: asyncio.Future[Any], value: Any) -> None:

@@ -21,6 +21,7 @@ from deployments.frontend.engine.core_messages import (
     Add,
     Call,
     Cancel,
+    CheckGrammar,
     Died,
     Inbound,
     Ready,
@@ -41,6 +42,7 @@ from deployments.frontend.engine.engine_types import (
     EngineLike,
     delta_of,
     executor_error,
+    grammar_error,
     request_extras,
     update_lora,
 )
@@ -113,6 +115,8 @@ class EngineCore:
                 send(self.conn, Reply(cid, update_lora(self.engine, "load", name, path)))
             case Call(call_id=cid, name="unload_lora", args=(name,)):
                 send(self.conn, Reply(cid, update_lora(self.engine, "unload", name, "")))
+            case CheckGrammar(call_id=cid, spec=spec):
+                send(self.conn, Reply(cid, grammar_error(self.engine, spec)))
             case StateCall(call_id=cid, op=op, session_id=sid, data=data):
                 send(self.conn, Reply(cid, run_state_op(self.engine, op, sid, data)))
             case Shutdown():
@@ -160,7 +164,8 @@ def run_core(conn: Connection) -> None:
         args = AppArgs.model_validate(start.args)
         # NOTE: before torch's OpenMP pool starts: its threads inherit this one's niceness.
         set_niceness(args.engine_niceness, "the engine core")
-        torch.set_num_threads(start.threads)  # the replica's CPU reservation, decided there
+        if start.threads is not None:  # the replica's CPU reservation, decided there
+            torch.set_num_threads(start.threads)
         engine = make_engine(args, start.factory, clock)
         relay = RelaySink()
         attach_metrics(engine, relay)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shortconv.engine.outputs import FinishReason, RequestOutput
+from shortconv.sampling.grammar.spec import GrammarError, GrammarSpec
 from shortconv.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -175,6 +176,19 @@ def executor_error(engine: EngineLike) -> str | None:
         engine.check_health()
     except Exception as exc:
         return f"executor health check failed: {exc}"
+    return None
+
+
+def grammar_error(engine: EngineLike, spec: GrammarSpec) -> str | None:
+    """Why `spec` does not compile for `engine` (its GrammarError's message), or None. An
+    engine with no grammar runtime (an injected fake) checks when the request is added."""
+    grammars = getattr(engine, "grammars", None)
+    if grammars is None:
+        return None
+    try:
+        grammars.check(spec)
+    except GrammarError as exc:
+        return str(exc)
     return None
 
 

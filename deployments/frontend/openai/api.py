@@ -9,10 +9,11 @@ first chunk), naming the request field it blames. No Ray here: testable on its o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -206,6 +207,9 @@ class OpenAIReplica:
     async def _deltas(self, job: _Job, ctx: RequestContext) -> AsyncIterator[tuple[int, Delta]]:
         """`_start`, after a disaggregated app's decode replica has taken the prompt's state
         from a prefill replica (under the request's session, or a transient one)."""
+        if job.params.grammar is not None:  # NOTE: before anything is admitted or prefilled
+            with _refusals(job):
+                await self.engine.check_grammar(job.params.grammar)
         if self.handoff is None:
             return self._start(job, ctx)
         self._check_context(job)  # NOTE: before a prefill replica spends anything on it
@@ -242,23 +246,10 @@ class OpenAIReplica:
     def _admit(
         self, prompt: list[int], job: _Job, rid: str, session_id: str | None
     ) -> AsyncIterator[Delta]:
-        retry = {"retry-after": str(RETRY_AFTER_S)}
-        try:
+        with _refusals(job):
             return self.engine.generate(
                 prompt, job.params, rid, session_id, job.images, job.lora_name
             )
-        except GrammarError as exc:  # a schema that passed our checks but does not compile
-            raise APIError(str(exc), param=job.grammar_param) from None
-        except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
-            raise APIError(str(exc), param=getattr(exc, "param", "prompt")) from None
-        except EngineOverloaded as exc:
-            raise APIError(
-                str(exc), 503, "server_overloaded", code="overloaded", headers=retry
-            ) from None
-        except EngineDead as exc:
-            raise APIError(
-                str(exc), 503, "server_error", code="engine_dead", headers=retry
-            ) from None
 
     def _formatter(
         self,
@@ -344,6 +335,24 @@ class OpenAIReplica:
         )
         fmt = self._formatter(req.model, True, params.logprobs is not None, tools)
         return _Job([prompt], params, fmt, _usage(req), grammar_param, images, lora_name)
+
+
+@contextlib.contextmanager
+def _refusals(job: _Job) -> Iterator[None]:
+    """The engine's refusals of `job`, raised as the APIError the client gets."""
+    retry = {"retry-after": str(RETRY_AFTER_S)}
+    try:
+        yield
+    except GrammarError as exc:  # a schema that passed our checks but does not compile
+        raise APIError(str(exc), param=job.grammar_param) from None
+    except ValueError as exc:  # the engine's own checks: prompt length, ids, stop strings
+        raise APIError(str(exc), param=getattr(exc, "param", "prompt")) from None
+    except EngineOverloaded as exc:
+        raise APIError(
+            str(exc), 503, "server_overloaded", code="overloaded", headers=retry
+        ) from None
+    except EngineDead as exc:
+        raise APIError(str(exc), 503, "server_error", code="engine_dead", headers=retry) from None
 
 
 def _usage(req: ChatCompletionRequest | CompletionRequest) -> StreamUsage:

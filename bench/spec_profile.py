@@ -81,16 +81,29 @@ def profiled_steps(llm: LLM, prompt: list[int], steps: int, speculative: bool) -
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def step_args(doc: str, quant: tuple[str, str]) -> argparse.Namespace:
+    """The verify-step benches' arguments (this one and bench/spec_verify_ab.py); `quant`:
+    the weights option's name and default. Sets torch's thread count."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--shape", default="lfm2-350m", choices=sorted(SHAPES))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--quantization", default="int8")
+    ap.add_argument(f"--{quant[0]}", default=quant[1])
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time steps by process CPU time (with --threads 1: the step's own work, not the "
+        "time it waited for a core on a loaded machine)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> None:
+    args = step_args(__doc__, ("quantization", "int8"))
     runner_mod.sample_step = _label(runner_mod.sample_step, "sampling")
     arch, overrides = SHAPES[args.shape]
     rng = random.Random(0)

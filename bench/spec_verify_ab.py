@@ -13,20 +13,20 @@ only adds time) and each verify kind's ratio to the decode step.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import tempfile
+import time
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import spec_decode  # noqa: E402
 from offline import SHAPES  # noqa: E402
 from spec_decode import PROMPT, _engine, _force_proposals, step_times  # noqa: E402
+from spec_profile import step_args  # noqa: E402
 
 import shortconv.layers.short_conv as short_conv  # noqa: E402
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref  # noqa: E402
@@ -38,19 +38,16 @@ def _q25(xs: list[float]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="lfm2-350m", choices=sorted(SHAPES))
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--quantizations", default="none,int8")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = step_args(__doc__, ("quantizations", "none,int8"))
+    if args.cpu_time:
+        spec_decode.time.perf_counter = time.process_time
     arch, overrides = SHAPES[args.shape]
     fast = short_conv.causal_conv1d_fn
     rng = random.Random(0)
-    print(f"# {args.shape}, threads {args.threads}, k = {args.k}; step ms (lower quartile)")
+    clock = "process CPU" if args.cpu_time else "wall"
+    print(
+        f"# {args.shape}, threads {args.threads}, k = {args.k}; {clock} ms a step (lower quartile)"
+    )
     print("| weights | decode | verify, ref conv | verify, verify-row conv |")
     print("| --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:

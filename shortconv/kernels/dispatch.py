@@ -32,6 +32,7 @@ from shortconv.kernels.cca_ref import (
 )
 from shortconv.kernels.conv1d_cpu import causal_conv1d_update_cpu
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref, causal_conv1d_update_ref
+from shortconv.kernels.conv1d_verify_cpu import causal_conv1d_fn_cpu
 from shortconv.kernels.moe_ref import fused_moe_ref
 from shortconv.kernels.scratch import StepScratch
 
@@ -126,7 +127,9 @@ def _entry(
 
 # Varlen (prefill) and decode short conv, two-stage CCA conv (ZAYA1) and routed experts; see
 # each `*_ref` for the contract (shapes, in-place state updates, pad rows).
-causal_conv1d_fn = _entry("causal_conv1d_fn", causal_conv1d_fn_ref, "conv1d_triton")
+causal_conv1d_fn = _entry(
+    "causal_conv1d_fn", causal_conv1d_fn_ref, "conv1d_triton", causal_conv1d_fn_cpu
+)
 causal_conv1d_update = _entry(
     "causal_conv1d_update", causal_conv1d_update_ref, "conv1d_triton", causal_conv1d_update_cpu
 )

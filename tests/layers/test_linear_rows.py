@@ -5,19 +5,24 @@ the float64 reference within fp32 rounding."""
 
 from __future__ import annotations
 
+import logging
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from graph_helpers import make_runner
 from torch import nn
 
 from shortconv.errors import ConfigError
+from shortconv.execution import runner as runner_mod
 from shortconv.kernels import cpu_gemm as cg
 from shortconv.layers.linear import ReplicatedLinear
-from shortconv.layers.linear_binding import LinearPolicy, bind_linear_methods
+from shortconv.layers.linear_binding import LinearPolicy, bind_linear_methods, linear_layers
 from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
 from shortconv.layers.linear_float import OneDnnLinear, cpu_float_method
 from shortconv.layers.linear_rows import MEASURED_TILE_ROWS, fp32_tile_rows
+from shortconv.tiny.checkpoint import make_tiny_checkpoint
 
 FAKE_TABLE = {"avx512": 3, "avx2": 5}
 # (in, out): a weight large enough for oneDNN (torch's path from 1M weights) and a small one
@@ -89,3 +94,21 @@ def test_every_tile_set_the_kernels_name_has_a_measured_threshold() -> None:
 def test_a_tile_set_the_table_lacks_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"tile set 'avx512'.*measured: \['avx2'\]"):
         fp32_tile_rows("avx512", {"avx2": 64})
+
+
+@needs_kernels
+def test_the_runner_binds_the_tables_threshold_and_logs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Start-up reads the threshold for this CPU's tile set from the table (injected here) and
+    binds it into every fp32 layer's method; the log says which rows go where."""
+    assert cg.load() is None
+    isa = cg.set_isa()
+    table = {isa: 2}
+    monkeypatch.setattr(runner_mod, "fp32_tile_rows", lambda i: fp32_tile_rows(i, table))
+    path = make_tiny_checkpoint("lfm2", tmp_path, seed=0)
+    with caplog.at_level(logging.INFO, logger=runner_mod.log.name):
+        runner = make_runner(path, enable_graphs=False)
+    methods = {layer.method for _, layer in linear_layers(runner.model)}
+    assert methods and all(isinstance(m, CpuGemmLinear) and m.max_rows == 2 for m in methods)
+    assert f"fp32 linear layers up to 2 rows (the {isa} tile set's" in caplog.text

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from graph_helpers import make_runner
+from oracle import assert_matches_oracle, oracle_greedy
 from torch import nn
 
+from shortconv.configs.config import EngineConfig
 from shortconv.errors import ConfigError
 from shortconv.execution import runner as runner_mod
 from shortconv.kernels import cpu_gemm as cg
@@ -22,7 +24,9 @@ from shortconv.layers.linear_binding import LinearPolicy, bind_linear_methods, l
 from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
 from shortconv.layers.linear_float import OneDnnLinear, cpu_float_method
 from shortconv.layers.linear_rows import MEASURED_TILE_ROWS, fp32_tile_rows
-from shortconv.tiny.checkpoint import make_tiny_checkpoint
+from shortconv.llm import build_engine
+from shortconv.sampling.sampling_params import SamplingParams
+from shortconv.tiny.checkpoint import build_hf_model, make_tiny_checkpoint
 
 FAKE_TABLE = {"avx512": 3, "avx2": 5}
 # (in, out): a weight large enough for oneDNN (torch's path from 1M weights) and a small one
@@ -112,3 +116,32 @@ def test_the_runner_binds_the_tables_threshold_and_logs_it(
     methods = {layer.method for _, layer in linear_layers(runner.model)}
     assert methods and all(isinstance(m, CpuGemmLinear) and m.max_rows == 2 for m in methods)
     assert f"fp32 linear layers up to 2 rows (the {isa} tile set's" in caplog.text
+
+
+@needs_kernels
+def test_greedy_tokens_equal_the_oracle_on_both_sides_of_the_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tiny LFM2 with a threshold of 2 rows (injected table): prefill chunks and the 4-, 3-row
+    decode steps run torch's linear, the 2- and 1-row ones our tile, as the requests finish one
+    after another; every request's greedy tokens equal transformers'."""
+    assert cg.load() is None
+    monkeypatch.setattr(runner_mod, "fp32_tile_rows", lambda i: fp32_tile_rows(i, {i: 2}))
+    hf = build_hf_model("lfm2", {}, seed=13)
+    hf.save_pretrained(str(tmp_path))
+    eng = build_engine(tmp_path, dtype="float32", engine_config=EngineConfig(max_num_seqs=4))
+    prompts = [[11, 7, 300, 42, 5], [99, 123, 8], [17, 64, 3, 250, 9, 1], [2, 30]]
+    ids = {}
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=4 + 3 * i, ignore_eos=True)
+        ids[eng.add_request(prompt, params)] = i
+    done: dict[int, list[int]] = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            assert out.error is None, out.error
+            if out.finished:
+                done[ids[out.request_id]] = list(out.token_ids)
+    assert sorted(done) == list(range(len(prompts)))
+    for i, prompt in enumerate(prompts):
+        ref = oracle_greedy(hf, prompt, 4 + 3 * i)
+        assert_matches_oracle(done[i], ref, f"request {i}")

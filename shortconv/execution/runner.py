@@ -26,6 +26,8 @@ from shortconv.layers.linear_binding import (
     linear_layers,
     process_linears_after_load,
 )
+from shortconv.layers.linear_cpu_gemm import CPU_GEMM_MAX_ROWS
+from shortconv.layers.linear_rows import fp32_tile_rows
 from shortconv.layers.quantize import weight_bytes
 from shortconv.lora.adapter import LoraAdapter
 from shortconv.lora.batch import LoraBatch
@@ -104,10 +106,11 @@ class ModelRunner:
 
     def _linear_policy(self, spec: WorkerSpec) -> LinearPolicy:
         """The linear layers' choices for this rank; on CPU this loads (or builds) our AVX2
-        kernels first, since which layers take them is decided at build."""
+        kernels first, since which layers take them, and up to how many rows, is decided at
+        build."""
         cfg = spec.engine_cfg
         cpu = spec.device.type == "cpu"
-        cpu_gemm = False
+        cpu_gemm, max_rows = False, CPU_GEMM_MAX_ROWS
         if cpu and (cfg.cpu_kernels or cfg.quantization != "none"):
             t0 = time.perf_counter()
             why_not = cpu_gemm_kernels.load()
@@ -115,15 +118,20 @@ class ModelRunner:
                 raise ConfigError(f"quantization={cfg.quantization!r}: {why_not}")
             cpu_gemm = why_not is None and cfg.cpu_kernels
             self.startup_s["cpu_kernels"] = time.perf_counter() - t0
-            log.info(
-                "rank %d: CPU GEMM kernels: %s",
-                self.tp.rank,
-                "fp32 linear layers" if cpu_gemm else f"not used ({why_not or 'cpu_kernels off'})",
-            )
+            used = f"not used ({why_not or 'cpu_kernels off'})"
+            if cpu_gemm:
+                isa = cpu_gemm_kernels.set_isa()
+                max_rows = fp32_tile_rows(isa)
+                used = (
+                    f"fp32 linear layers up to {max_rows} rows (the {isa} tile set's measured "
+                    "crossover), torch's linears above"
+                )
+            log.info("rank %d: CPU GEMM kernels: %s", self.tp.rank, used)
         return LinearPolicy(
             quantization=cfg.quantization,
             quantize_lm_head=cfg.quantize_lm_head,
             cpu_gemm=cpu_gemm,
+            cpu_gemm_max_rows=max_rows,
             prepack=cfg.prepack_cpu_weights and cpu,
             lora=self.lora,
         )

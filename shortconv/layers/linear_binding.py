@@ -16,7 +16,7 @@ from torch import nn
 from shortconv.errors import ConfigError
 from shortconv.kernels.cpu_gemm import Q8_BLOCK
 from shortconv.layers.linear import LinearBase
-from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
+from shortconv.layers.linear_cpu_gemm import CPU_GEMM_MAX_ROWS, CpuGemmLinear
 from shortconv.layers.linear_float import FLOAT, cpu_float_method
 from shortconv.layers.linear_method import LinearMethod
 from shortconv.layers.quantize import Q4Linear, Q8Linear
@@ -35,12 +35,15 @@ LM_HEAD_QUANTIZED: dict[str, type[Q8Linear] | type[Q4Linear]] = {"int8": Q8Linea
 @dataclass(frozen=True)
 class LinearPolicy:
     """The engine's linear choices (EngineConfig), with what start-up found: `cpu_gemm` is
-    True only where our AVX2 kernels are wanted (cpu_kernels) and loaded. The default is
-    torch's own paths, as a model built outside the runner gets."""
+    True only where our AVX2 kernels are wanted (cpu_kernels) and loaded, and then fp32
+    layers take our tile up to `cpu_gemm_max_rows` rows (this machine's crossover,
+    layers.linear_rows), torch's linear above. The default is torch's own paths, as a model
+    built outside the runner gets."""
 
     quantization: str = "none"
     quantize_lm_head: bool = True
     cpu_gemm: bool = False
+    cpu_gemm_max_rows: int = CPU_GEMM_MAX_ROWS
     prepack: bool = False
     # With LoRA enabled: the model's step rows, shared by every layer wrapped in LoRALinear
     # (every projection but the LM head and empty shards).
@@ -71,7 +74,7 @@ class LinearPolicy:
         if not (w.device.type == "cpu" and w.dtype == torch.float32 and not w.requires_grad):
             return FLOAT
         larger = cpu_float_method(w, self.prepack)
-        return CpuGemmLinear(larger) if self.cpu_gemm else larger
+        return CpuGemmLinear(larger, self.cpu_gemm_max_rows) if self.cpu_gemm else larger
 
 
 # torch's own paths, no quantization: a model built outside the runner (tests, oracles).

@@ -9,17 +9,17 @@ import torch
 from shortconv.kernels.cpu_gemm import gemm_f32
 from shortconv.layers.linear_method import LinearLayer, LinearMethod
 
-# Rows up to which fp32 linears take the AVX2 kernel; `larger` above. Measured on the 2-core
-# AMD EPYC (AVX2) over LFM2-350M's MLP weights, 2 threads: 1.2-1.9x oneDNN at 1-16 rows, 1.1x
-# at 32, 1.04x at 64 and 128 (bench/RESULTS.md); past 64 rows (prefill) oneDNN's blocked GEMM
-# is kept, since on AVX-512/AMX machines it is the faster one there.
+# Rows up to which fp32 linears take our tile by default (the AVX2 row of
+# layers.linear_rows.MEASURED_TILE_ROWS); the engine binds each machine's own threshold from
+# that table, `larger` above it.
 CPU_GEMM_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
 class CpuGemmLinear(LinearMethod):
-    """A CPU fp32 inference weight: batches of up to `max_rows` rows through our AVX2 kernel
-    (it reads the weight faster than torch's paths there), larger ones through `larger`."""
+    """A CPU fp32 inference weight: batches of up to `max_rows` rows through our tile (it
+    reads the weight faster than torch's paths there), larger ones through `larger` (torch's
+    linear). `max_rows` is this machine's measured crossover, bound at build."""
 
     larger: LinearMethod
     max_rows: int = CPU_GEMM_MAX_ROWS

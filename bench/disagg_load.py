@@ -45,13 +45,16 @@ from spec_decode import _cpu_model  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
 
 
-def apps(cpus: float) -> dict[str, dict[str, Any]]:
-    """The two apps' args (over deployments/lfm2.yaml's), by name: the same CPUs in all."""
+def apps(cpus: float, concurrency: int) -> dict[str, dict[str, Any]]:
+    """The two apps' args (over deployments/lfm2.yaml's), by name: the same CPUs in all.
+    NOTE: room for every stream and a long prompt in one batch, so that the long prompt never
+    waits for a stream to end (which would hide the stall being measured)."""
     half = round(cpus / 2, 1)
     split = {"prefill_replicas": 1, "decode_replicas": 1}
+    seqs = {"max_num_seqs": max(32, concurrency + 2)}
     return {
-        "together": {"replica_num_cpus": cpus},
-        "disaggregated": {"replica_num_cpus": half, "disaggregation": split},
+        "together": {"replica_num_cpus": cpus, **seqs},
+        "disaggregated": {"replica_num_cpus": half, "disaggregation": split, **seqs},
     }
 
 
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         model = make_tiny_checkpoint(arch, Path(tmp) / "ckpt", overrides, seed=0)
         rows = [
             measure(name, {"model": str(model), **app}, args)
-            for name, app in apps(args.cpus).items()
+            for name, app in apps(args.cpus, args.concurrency).items()
         ]
     print(table(rows), flush=True)
     print("SUMMARY disagg_load", " ".join(r["app"] for r in rows))

@@ -9,6 +9,7 @@ in here, once) and gets the state bundle back through Ray's object store.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ray.serve.deployment import Application, Deployment
@@ -16,6 +17,9 @@ from ray.serve.deployment import Application, Deployment
 from deployments.frontend.config.args import AppArgs
 
 PREFILL_DEPLOYMENT = "PrefillServer"
+# NOTE: a marker, not a count: a node offering a role's resource (the chart: 1 per pod) may
+# hold any number of that role's replicas; CPUs and GPUs bound how many fit.
+ROLE_RESOURCE_SHARE = 0.001
 
 
 def role_args(args: AppArgs, role: str) -> AppArgs:
@@ -29,6 +33,22 @@ def role_args(args: AppArgs, role: str) -> AppArgs:
     return args.model_copy(update=update)
 
 
+def placed(opts: dict[str, Any], resource: str | None) -> dict[str, Any]:
+    """`opts` with its replicas asking for a share of `resource` (None: unchanged). With TP
+    the replica sits in placement-group bundle 0, so bundle 0 asks for it too (Serve requires
+    the replica's resources to fit bundle 0); STRICT_PACK keeps the other ranks' bundles on
+    the same node."""
+    if resource is None:
+        return opts
+    out = copy.deepcopy(opts)
+    share = {resource: ROLE_RESOURCE_SHARE}
+    actor = out.setdefault("ray_actor_options", {})
+    actor["resources"] = {**actor.get("resources", {}), **share}
+    if out.get("placement_group_bundles"):
+        out["placement_group_bundles"][0].update(share)
+    return out
+
+
 def bind_servers(
     server: Deployment,
     args: AppArgs,
@@ -40,6 +60,10 @@ def bind_servers(
     deployment (`prefill_opts`).
     NOTE: the prefill replicas are called only by decode replicas, never by session, so they
     keep Serve's default router (least loaded of two)."""
+    d = args.disaggregation
+    assert d is not None
+    opts = placed(opts, d.decode_resource)
+    prefill_opts = placed(prefill_opts, d.prefill_resource)
     prefill_opts = {k: v for k, v in prefill_opts.items() if k != "request_router_config"}
     prefill = server.options(name=PREFILL_DEPLOYMENT, **prefill_opts).bind(
         role_args(args, "prefill").model_dump(), engine_factory

@@ -18,6 +18,11 @@ class DisaggregationArgs(BaseModel):
     prefill_replicas: int = Field(ge=1)
     decode_replicas: int = Field(ge=1)
     prefill_tp_size: int | None = Field(None, ge=1)  # None: the app's tp_size
+    # A Ray custom resource each role's replicas ask for a share of, so that they land only
+    # on nodes offering it (the Helm chart gives each role's worker group its own). None: any
+    # node, as on one machine.
+    prefill_resource: str | None = Field(None, min_length=1)
+    decode_resource: str | None = Field(None, min_length=1)
 
 
 def disaggregation_refusal(

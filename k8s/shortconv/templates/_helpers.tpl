@@ -48,6 +48,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if gt $min $max -}}
 {{- fail (printf "workers: minReplicas (%d) must not exceed maxReplicas (%d)" $min $max) -}}
 {{- end -}}
+{{- with .Values.serve.args.disaggregation -}}
+{{- if or (ne $lo (int .decode_replicas)) (ne $hi (int .decode_replicas)) -}}
+{{- fail (printf "serve.args: with disaggregation, min_replicas and max_replicas must equal decode_replicas (%d): each role runs a fixed count" (int .decode_replicas)) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.apiKey.existingSecret .Values.serve.args.api_key -}}
 {{- fail "apiKey.existingSecret: unset serve.args.api_key (the arg would win over the Secret)" -}}
 {{- end -}}
@@ -103,13 +108,26 @@ on all interfaces and on the port the Services target.
 */}}
 {{- define "shortconv.serveConfig" -}}
 {{- $s := .Values.serve -}}
-{{- $app := dict "name" $s.appName "route_prefix" $s.routePrefix "import_path" $s.importPath "args" $s.args -}}
+{{- $app := dict "name" $s.appName "route_prefix" $s.routePrefix "import_path" $s.importPath "args" (include "shortconv.serveArgs" . | fromYaml) -}}
 {{- if $s.deployment -}}
 {{- $_ := set $app "deployments" (list (merge (dict "name" "LLMServer") $s.deployment)) -}}
 {{- end -}}
 {{- $http := dict "host" "0.0.0.0" "port" (int .Values.service.port) -}}
 {{- $cfg := dict "proxy_location" (default "EveryNode" $s.proxyLocation) "http_options" $http "applications" (list $app) -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/*
+serve.args, and in the disaggregated layout each role's Ray custom resource, which only its
+worker group offers (shortconv.workerGroups): the app makes the role's replicas ask for it.
+*/}}
+{{- define "shortconv.serveArgs" -}}
+{{- $args := deepCopy .Values.serve.args -}}
+{{- with $args.disaggregation -}}
+{{- $_ := set . "prefill_resource" (include "shortconv.roleResource" "prefill") -}}
+{{- $_ := set . "decode_resource" (include "shortconv.roleResource" "decode") -}}
+{{- end -}}
+{{- toYaml $args -}}
 {{- end -}}
 
 {{/*

@@ -22,7 +22,8 @@ def kernels() -> None:
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17])
-@pytest.mark.parametrize("n,k", [(5, 32), (64, 1024), (129, 96)])
+# k: 1, 32, 3, 5 and 7 blocks (the VNNI tile takes 4 a step, then a short last step).
+@pytest.mark.parametrize("n,k", [(5, 32), (64, 1024), (129, 96), (33, 160), (12, 224)])
 def test_q4_equals_ref(m: int, n: int, k: int, isa: str) -> None:
     g = torch.Generator().manual_seed(m * 11 + n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) + 0.3

@@ -128,7 +128,7 @@ def test_plain_layout_keeps_one_group_without_role_resources() -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_disaggregated_layout_validates_against_the_crd(layout: str) -> None:
     if not hu.SCHEMAS_DIR.is_dir():
-        pytest.skip(f"CRD schemas not found at {hu.SCHEMAS_DIR} (shared/schemas next to the clone)")
+        pytest.skip(f"CRD schemas not found at {hu.SCHEMAS_DIR} (see tests/helm_utils.py)")
     assert hu.validate_custom(hu.one(hu.render(LAYOUTS[layout]), "RayService")) == []
     hu.validate_with_ray(hu.serve_config(hu.render(LAYOUTS[layout])))
 

@@ -123,8 +123,8 @@ class ModelRunner:
                 isa = cpu_gemm_kernels.set_isa()
                 max_rows = fp32_tile_rows(isa)
                 used = (
-                    f"fp32 linear layers up to {max_rows} rows (the {isa} tile set's measured "
-                    "crossover), torch's linears above"
+                    f"fp32 linear layers up to {max_rows} rows (the {isa} tile set's row "
+                    "table), torch's linears above"
                 )
             log.info("rank %d: CPU GEMM kernels: %s", self.tp.rank, used)
         return LinearPolicy(

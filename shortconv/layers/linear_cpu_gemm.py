@@ -19,7 +19,7 @@ CPU_GEMM_MAX_ROWS = 64
 class CpuGemmLinear(LinearMethod):
     """A CPU fp32 inference weight: batches of up to `max_rows` rows through our tile (it
     reads the weight faster than torch's paths there), larger ones through `larger` (torch's
-    linear). `max_rows` is this machine's measured crossover, bound at build."""
+    linear). `max_rows` comes from linear_rows' table per tile set, bound at build."""
 
     larger: LinearMethod
     max_rows: int = CPU_GEMM_MAX_ROWS

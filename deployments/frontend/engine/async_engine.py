@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from deployments.frontend.engine.admission import Admission, Admissions
 from deployments.frontend.engine.engine_commands import (
     Abort,
     AddRequest,
@@ -39,7 +40,6 @@ from deployments.frontend.engine.engine_types import (
     Delta,
     EngineDead,
     EngineLike,
-    EngineOverloaded,
     delta_of,
     executor_error,
     request_extras,
@@ -81,31 +81,15 @@ class _Submitted(NamedTuple):
     lora_name: str | None
 
 
-class _Admission:
-    """One request's places in its replica's admission count (one per fork: `n`); `release`
-    is idempotent."""
-
-    def __init__(self, engine: AsyncEngine, n: int) -> None:
-        self._engine: AsyncEngine | None = engine
-        self._n = n
-        engine._num_active += n
-
-    def release(self) -> None:
-        if self._engine is not None:
-            self._engine._num_active -= self._n
-            self._engine = None
-
-
 class AsyncEngine:
     """Runs `engine` on a daemon thread. Start with `start()`, stop with `shutdown()`."""
 
     def __init__(self, engine: EngineLike, *, admission_limit: int) -> None:
         self.engine = engine
-        self.admission_limit = admission_limit  # running + waiting requests on this replica
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, Stream] = {}  # NOTE: mutated on the loop thread only
         self._forks_left: dict[str, int] = {}  # a stream's forks not finished yet (loop thread)
-        self._num_active = 0  # requests submitted and not yet finished (caller side)
+        self._admissions = Admissions(admission_limit)  # caller side
         self._session_seen: dict[str, float] = {}
         self._stats: dict[str, Any] = {}
         self._stats_at = 0.0
@@ -127,7 +111,7 @@ class AsyncEngine:
     @property
     def num_admitted(self) -> int:
         """Requests admitted and not yet given back (running, waiting or not yet started)."""
-        return self._num_active
+        return self._admissions.count
 
     @property
     def alive(self) -> bool:
@@ -157,17 +141,9 @@ class AsyncEngine:
         self.engine.validate(prompt_token_ids, params)  # read-only: safe off the loop thread
         if images:
             self.engine.place_images(prompt_token_ids, images, params.n)  # read-only too
-        # NOTE: a request counts once per fork; one alone on an idle replica is admitted
-        # whatever its n, so an n above the limit is slow rather than refused forever.
-        if self._num_active and self._num_active + params.n > self.admission_limit:
-            raise EngineOverloaded(
-                f"{self._num_active} requests are already queued or running on this replica "
-                f"(its admission limit)"
-            )
-        # NOTE: counted here, at admission, so a burst cannot overshoot the limit before the
-        # streams start. The admission is given back exactly once: when the stream ends, or
-        # when a stream that was never iterated is dropped (its generator's finalizer).
-        admitted = _Admission(self, params.n)
+        # NOTE: given back exactly once: when the stream ends, or when a stream that was never
+        # iterated is dropped (its generator's finalizer).
+        admitted = self._admissions.admit(params.n)
         prompt = list(prompt_token_ids)
         request = _Submitted(request_id, prompt, params, tuple(images), lora_name)
         deltas = self._stream(request, session_id, admitted)
@@ -175,7 +151,7 @@ class AsyncEngine:
         return deltas
 
     async def _stream(
-        self, request: _Submitted, session_id: str | None, admitted: _Admission
+        self, request: _Submitted, session_id: str | None, admitted: Admission
     ) -> AsyncIterator[Delta]:
         rid, prompt, params, images, lora_name = request
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue(), session_id)

@@ -1,7 +1,9 @@
 """Drain: a replica that Serve scales away hands its sessions on through the session store.
 
 Two LLMServer replicas of a tiny LFM2 share one `session_store`. Six sessions take turn 1,
-spread across both (the router's least-loaded choice for a new session). Then Serve scales the
+spread across both (the router's least-loaded choice for a new session; a burst can land on one
+replica while the other's queue length is being probed, so more sessions open, one at a time,
+until each kind has one on each replica). Then Serve scales the
 deployment to one replica (the autoscaling target drops to 1: Serve's own downscale path, which
 stops the replica gracefully: ongoing requests finish, then its `__del__` shuts the engine down
 and every held session spills to the store). Each session's turn 2 then goes to the survivor:
@@ -35,10 +37,18 @@ from test_serve_sessions import ForcedTarget
 from deployments.serve.app import build_app, parse_args
 
 SESSIONS = [f"d{i}" for i in range(6)]
+
+
 # Token-id sessions whose turn 2 is turn 1's prompt + 3 tokens: it resumes from the moved
 # prompt-end checkpoint with a short suffix, so a wrong conv window shows in its logprobs (a
 # chat turn's template suffix is long enough to dilute one below the fp32 tolerance).
-PROBES = {f"p{i}": [4 + (37 * i + 11 * j) % 490 for j in range(20)] for i in range(6)}
+def probe_ids(i: int) -> list[int]:
+    return [4 + (37 * i + 11 * j) % 490 for j in range(20)]
+
+
+PROBES = {f"p{i}": probe_ids(i) for i in range(6)}
+# Up to this many more sessions of a kind open one by one when the burst left it on one replica.
+MAX_EXTRA = 10
 REPLICA_HEADER = "x-shortconv-replica"
 
 
@@ -117,7 +127,7 @@ def _run(store: Path, target: Path) -> dict[str, Any]:
         {
             "tiny_arch": "lfm2",
             "max_num_seqs": 8,
-            "num_state_slots": 64,  # 12 sessions x 2 checkpoints fit on the survivor
+            "num_state_slots": 80,  # 32 sessions (12 + 2 x MAX_EXTRA) x 2 checkpoints fit on one
             "enable_prefix_caching": False,
             "session_store": {"path": str(store)},
         }
@@ -132,6 +142,17 @@ def _run(store: Path, target: Path) -> dict[str, Any]:
         turns = pool.map(lambda s: ask(base, first_turn(s), s), SESSIONS)
         probes = pool.map(lambda s: complete(base, PROBES[s], s), PROBES)
         one = dict(zip(SESSIONS, turns, strict=True)) | dict(zip(PROBES, probes, strict=True))
+    chats, prompts = list(SESSIONS), dict(PROBES)
+    for i in range(len(SESSIONS), len(SESSIONS) + MAX_EXTRA):
+        if {one[s]["replica"] for s in chats} == both:
+            break
+        chats.append(sid := f"d{i}")
+        one[sid] = ask(base, first_turn(sid), sid)
+    for i in range(len(PROBES), len(PROBES) + MAX_EXTRA):
+        if {one[s]["replica"] for s in prompts} == both:
+            break
+        prompts[sid := f"p{i}"] = probe_ids(i)
+        one[sid] = complete(base, prompts[sid], sid)
     target.write_text("1")  # Serve stops one replica gracefully
     (survivor,) = wait_for(lambda: replicas_seen(base, 1), 120, "one replica left")
     (victim,) = both - {survivor}
@@ -139,17 +160,17 @@ def _run(store: Path, target: Path) -> dict[str, Any]:
     # destructor after its ongoing requests finish. A turn that came in between would
     # re-prefill (correct, not resumed), so the turns wait for the stop to finish.
     wait_for(lambda: gone(victim), 120, "the drained replica's stop to finish")
-    two = {s: ask(base, second_turn(s, one[s]["text"]), s) for s in SESSIONS}
-    two |= {s: complete(base, [*ids, 40, 41, 42], s) for s, ids in PROBES.items()}
-    oracle = {s: ask(base, second_turn(s, one[s]["text"]), None) for s in SESSIONS}
-    oracle |= {s: complete(base, [*ids, 40, 41, 42], None) for s, ids in PROBES.items()}
+    two = {s: ask(base, second_turn(s, one[s]["text"]), s) for s in chats}
+    two |= {s: complete(base, [*ids, 40, 41, 42], s) for s, ids in prompts.items()}
+    oracle = {s: ask(base, second_turn(s, one[s]["text"]), None) for s in chats}
+    oracle |= {s: complete(base, [*ids, 40, 41, 42], None) for s, ids in prompts.items()}
     stats = httpx.get(f"{base}/v1/internal/stats", timeout=30).json()
     found = {"both": both, "survivor": survivor, "one": one, "two": two, "oracle": oracle}
-    return found | {"stats": stats}
+    return found | {"stats": stats, "chats": chats, "prompts": prompts}
 
 
 def test_sessions_started_on_both_replicas(drained: dict[str, Any]) -> None:
-    for group in (SESSIONS, PROBES):
+    for group in (drained["chats"], drained["prompts"]):
         owners = {drained["one"][s]["replica"] for s in group}
         assert owners == drained["both"], owners
 
@@ -161,27 +182,32 @@ def same_logprobs(got: list[Any], want: list[Any]) -> bool:
     return bool(got) and tokens_equal and close
 
 
-@pytest.mark.parametrize("sid", sorted(PROBES))
-def test_probe_resumes_the_moved_prompt_end_exactly(drained: dict[str, Any], sid: str) -> None:
-    t, want = drained["two"][sid], drained["oracle"][sid]
-    assert t["replica"] == drained["survivor"]
-    assert t["cached"] == len(PROBES[sid])
-    assert t["text"] == want["text"]
-    assert same_logprobs(t["logprobs"], want["logprobs"]), (t, want)
+@pytest.mark.parametrize("i", range(len(PROBES)))
+def test_probe_resumes_the_moved_prompt_end_exactly(drained: dict[str, Any], i: int) -> None:
+    # NOTE: the sessions opened after the burst are checked by the last parametrization
+    prompts = drained["prompts"]
+    for sid in sorted(prompts)[i :: len(PROBES)]:
+        t, want = drained["two"][sid], drained["oracle"][sid]
+        assert t["replica"] == drained["survivor"]
+        assert t["cached"] == len(prompts[sid])
+        assert t["text"] == want["text"]
+        assert same_logprobs(t["logprobs"], want["logprobs"]), (sid, t, want)
 
 
-@pytest.mark.parametrize("sid", SESSIONS)
-def test_next_turn_resumes_its_history_with_equal_text(drained: dict[str, Any], sid: str) -> None:
-    t, want = drained["two"][sid], drained["oracle"][sid]
-    assert t["replica"] == drained["survivor"]
-    assert t["text"] == want["text"]
-    assert same_logprobs(t["logprobs"], want["logprobs"]), (t, want)
-    assert t["cached"] >= drained["one"][sid]["prompt"] > 0, (t, drained["one"][sid])
+@pytest.mark.parametrize("i", range(len(SESSIONS)))
+def test_next_turn_resumes_its_history_with_equal_text(drained: dict[str, Any], i: int) -> None:
+    for sid in drained["chats"][i :: len(SESSIONS)]:
+        t, want = drained["two"][sid], drained["oracle"][sid]
+        assert t["replica"] == drained["survivor"]
+        assert t["text"] == want["text"]
+        assert same_logprobs(t["logprobs"], want["logprobs"]), (sid, t, want)
+        assert t["cached"] >= drained["one"][sid]["prompt"] > 0, (t, drained["one"][sid])
 
 
 def test_the_drained_replicas_sessions_came_through_the_store(drained: dict[str, Any]) -> None:
     moved = [s for s, t in drained["one"].items() if t["replica"] != drained["survivor"]]
-    assert any(s in PROBES for s in moved) and any(s in SESSIONS for s in moved), moved
+    prompts, chats = drained["prompts"], drained["chats"]
+    assert any(s in prompts for s in moved) and any(s in chats for s in moved), moved
     st = drained["stats"]
     assert moved and st["session_state_bundles"]["restored"] == len(moved), (moved, st)
     assert not any(st["session_state_refused"].values()), st

@@ -83,14 +83,17 @@ def in_core(args: AppArgs) -> bool:
 
 
 def engine_threads(args: AppArgs) -> int | None:
-    """The engine's torch threads, following this replica's CPU reservation: a core
-    process's, read without torch (None outside Ray: torch's default there); else this
-    process's own, which imports torch (tp_size > 1: the ranks compute, each following its
-    own reservation, and this one keeps torch's count)."""
+    """The engine's torch threads: `torch_threads` when set, else following this replica's
+    CPU reservation: a core process's, read without torch (None outside Ray: torch's default
+    there); else this process's own, which imports torch (tp_size > 1: the ranks compute,
+    each following its own reservation, and this one keeps torch's count)."""
     if in_core(args):
-        return core_threads()
+        return args.torch_threads or core_threads()
     import torch  # NOTE: here: the app's build task imports this module, never torch
 
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
+        return args.torch_threads
     return follow_reservation("replica") if args.tp_size == 1 else torch.get_num_threads()
 
 
@@ -137,7 +140,9 @@ class LLMServer(OpenAIReplica):
         app_args = AppArgs.model_validate(args)
         launched = None
         if in_core(app_args):  # NOTE: first, so the core's start overlaps all that follows
-            launched = CoreEngine.launch(app_args.model_dump(), engine_factory, core_threads())
+            launched = CoreEngine.launch(
+                app_args.model_dump(), engine_factory, engine_threads(app_args)
+            )
         with clock.phase("imports"):  # the engine's imports when it runs in this process
             share_the_gil(app_args.gil_switch_interval_ms)
             threads = engine_threads(app_args)

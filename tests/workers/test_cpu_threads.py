@@ -70,3 +70,36 @@ def test_tp_worker_threads_equal_its_reserved_cpus(ray_runtime, cpus: float, thr
 
 def test_threads_for_rounds_and_never_drops_to_zero() -> None:
     assert [threads_for(c) for c in (0.1, 0.5, 1.0, 1.4, 1.6, 16)] == [1, 1, 1, 1, 2, 16]
+
+
+class ThreadsOf:
+    """The replica's thread choice (`deployments.serve.server.engine_threads`) for given args,
+    in an actor with a reservation of its own."""
+
+    def threads(self, args: dict[str, object]) -> tuple[int | None, int]:
+        from deployments.frontend.config.args import AppArgs
+        from deployments.serve.server import engine_threads
+
+        return engine_threads(AppArgs.model_validate(args)), torch.get_num_threads()
+
+
+@pytest.mark.parametrize("in_core", [True, False])
+def test_torch_threads_overrides_the_reservation(ray_runtime, in_core: bool) -> None:
+    actor = ray.remote(num_cpus=0.5)(ThreadsOf).remote()
+    try:
+        plain = ray.get(actor.threads.remote({"engine_process": in_core}), timeout=60)
+        args = {"engine_process": in_core, "torch_threads": 3}
+        got = ray.get(actor.threads.remote(args), timeout=60)
+    finally:
+        ray.kill(actor)
+    assert plain[0] == 1  # the reservation's
+    assert got[0] == 3
+    # NOTE: in a core process the count is the core's to set; the replica computes nothing
+    assert got[1] == (plain[1] if in_core else 3)
+
+
+def test_torch_threads_refused_with_tp() -> None:
+    from deployments.frontend.config.args import AppArgs
+
+    with pytest.raises(ValueError, match="torch_threads needs tp_size=1"):
+        AppArgs.model_validate({"torch_threads": 2, "tp_size": 2})

@@ -62,6 +62,10 @@ class AppArgs(EngineArgs):
     its conversation, for `previous_response_id`) is kept (by the ingress, or by the app's
     ResponseStore deployment where ingress replicas share one: deployments/serve/app.py), and how
     many at once (the oldest go first); deployments/frontend/responses/store.py.
+    `torch_threads`: the engine's torch threads, set outright (llama.cpp's `-t`); None
+    (default) follows the replica's CPU reservation. For one machine shared by replicas that
+    are rarely busy at once (a prefill and a decode replica), each may use every core while
+    reserving a share. tp_size > 1 refuses it: each rank follows its own reservation.
     `gil_switch_interval_ms`: the replica process's `sys.setswitchinterval`, how long a Python
     thread may keep the GIL while another waits for it (Python's default: 5 ms). The engine
     thread waits for it after every op while Serve's event loops relay the last step's tokens,
@@ -99,6 +103,7 @@ class AppArgs(EngineArgs):
     # "all": the whole node for one replica (deployments/serve/cpu_plan.py); torch threads follow
     # it.
     replica_num_cpus: Annotated[float, Field(gt=0)] | Literal["all"] = 0.5
+    torch_threads: int | None = Field(None, ge=1)
     responses_ttl_s: float = Field(3600.0, gt=0)
     max_stored_responses: int = Field(10_000, ge=1)
     min_replicas: int = Field(1, ge=0)
@@ -116,6 +121,11 @@ class AppArgs(EngineArgs):
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) must not exceed max_replicas "
                 f"({self.max_replicas})"
+            )
+        if self.torch_threads is not None and self.tp_size > 1:
+            raise ValueError(
+                "torch_threads needs tp_size=1: with tp_size > 1 each rank's torch threads "
+                "follow its own CPU reservation"
             )
         if self.runtime_lora_updating and not self.enable_lora:
             raise ValueError("runtime_lora_updating needs enable_lora=True")

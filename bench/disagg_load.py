@@ -8,7 +8,10 @@ and without disaggregation, the two apps started one after the other.
 One random checkpoint (bench/offline.py SHAPES). Each app is `serve run deployments/lfm2.yaml`
 with the model and the CPUs set (bench/serve_procs.py): `together` is one replica reserving
 `--cpus`; `disaggregated` is one prefill and one decode replica reserving half of it each, so
-both apps hold the same share of the machine. Each app gets a warm-up request, then:
+both apps hold the same share of the machine (and each replica half the torch threads);
+`disaggregated-threads` reserves the same halves but gives each replica `together`'s threads
+(`torch_threads`), so a prefill running alone uses every core, as it does in `together`.
+Each app gets a warm-up request, then:
 
 * TTFT: `--ttft-requests` greedy completions one at a time (`--prompt-tokens` token ids, 1
   token out); p50 of the time to the first streamed token.
@@ -52,9 +55,11 @@ def apps(cpus: float, concurrency: int) -> dict[str, dict[str, Any]]:
     half = round(cpus / 2, 1)
     split = {"prefill_replicas": 1, "decode_replicas": 1}
     seqs = {"max_num_seqs": max(32, concurrency + 2)}
+    disagg = {"replica_num_cpus": half, "disaggregation": split, **seqs}
     return {
         "together": {"replica_num_cpus": cpus, **seqs},
-        "disaggregated": {"replica_num_cpus": half, "disaggregation": split, **seqs},
+        "disaggregated": disagg,
+        "disaggregated-threads": {**disagg, "torch_threads": max(1, round(cpus))},
     }
 
 
@@ -189,8 +194,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--request-timeout", type=float, default=900.0)
     ap.add_argument("--start-timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--apps", help="comma-separated (default: all three; --quick: the first two)")
     ap.add_argument("--quick", action="store_true", help="tiny shape, short load (a smoke test)")
     args = ap.parse_args(argv)
+    every = "together,disaggregated" + ("" if args.quick else ",disaggregated-threads")
+    args.apps = args.apps or every
     if args.quick:
         args.shape, args.ttft_requests, args.prompt_tokens = "lfm2-tiny", 3, 16
         args.concurrency, args.requests_per_client = 4, 1
@@ -211,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = [
             measure(name, {"model": str(model), **app}, args)
             for name, app in apps(args.cpus, args.concurrency).items()
+            if name in args.apps.split(",")
         ]
     print(table(rows), flush=True)
     print("SUMMARY disagg_load", " ".join(r["app"] for r in rows))

@@ -51,10 +51,6 @@ def place_expert(
         raise LoraError(
             f"{where}: routed experts cannot take an adapter here ({target.refusal})", "target"
         )
-    if tp.size > 1:
-        raise LoraError(
-            f"{where}: expert adapters are served at tp_size 1 only (this is {tp.size})", "target"
-        )
     slots = target.slots
     if t.experts != slots.num_experts:
         msg = f"{where} has {t.experts} experts, this model's layer {slots.num_experts}"

@@ -21,7 +21,7 @@ from shortconv.layers.experts import FusedExperts
 from shortconv.lora.adapter import LoraError, read_adapter
 from shortconv.lora.batch import LoraBatch
 from shortconv.lora.experts import bind_expert_lora
-from shortconv.lora.install_experts import expert_targets, place_expert
+from shortconv.lora.install_experts import expert_targets
 from shortconv.models.build import build_model
 from shortconv.models.registry import model_class
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
@@ -143,16 +143,6 @@ def test_the_triton_path_binds_a_refusal(setup: tuple, monkeypatch: pytest.Monke
     bind_expert_lora(model, LoraBatch(2, 4, torch.device("cpu")))
     refusals = {t.refusal for t in expert_targets(model).values()}
     assert len(refusals) == 1 and "Triton fused-MoE path" in str(refusals.pop())
-
-
-def test_expert_adapters_at_tp_2_are_refused(setup: tuple) -> None:
-    arch, llm, _, root = setup
-    model = llm.engine.executor.runner.model
-    adapter = read_adapter(root / "a0")
-    name = next(iter(adapter.modules))
-    target = next(iter(expert_targets(model).values()))
-    with pytest.raises(LoraError, match="expert adapters are served at tp_size 1 only"):
-        place_expert(name, target, adapter, ParallelContext(rank=0, size=2))
 
 
 def test_graph_captured_decode_matches_peft(setup: tuple) -> None:

@@ -83,6 +83,8 @@ class FusedExperts(nn.Module):
         w_sorted = weights.reshape(-1)[order]
         cap = max(counts[: self.num_experts])
         active = sum(1 for n in counts[: self.num_experts] if n)
+        # A step with adapter rows on these experts takes the loop: the padded bmm reads no
+        # per-row adapter.
         mask = self.lora.step_mask() if self.lora is not None else None
         padded = 0 < cap <= PADDED_MAX_ROWS and active >= PADDED_MIN_ACTIVE * self.num_experts
         if padded and mask is None:
@@ -93,11 +95,8 @@ class FusedExperts(nn.Module):
         for e, n in enumerate(counts[: self.num_experts]):
             if n:
                 toks = token_of[start : start + n]
-                rows_mask = mask[toks] if mask is not None else None
-                y = self._expert(x[toks], e, rows_mask) * w_sorted[start : start + n, None].to(
-                    x.dtype
-                )
-                out.index_add_(0, toks, y)
+                y = self._expert(x[toks], e, mask[toks] if mask is not None else None)
+                out.index_add_(0, toks, y * w_sorted[start : start + n, None].to(x.dtype))
             start += n
         return self.tp.all_reduce(out)
 

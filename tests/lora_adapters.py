@@ -32,6 +32,8 @@ TARGETS = {
     ],
     "zaya1": ["q_proj", "k_proj", "v_proj_current", "v_proj_delayed", "o_proj"],
 }
+# PEFT's `target_parameters` on the fused routed experts (LFM2-MoE, ZAYA1): [E, out, in] each.
+EXPERT_PARAMS = ["experts.gate_up_proj", "experts.down_proj"]
 
 
 def make_adapter(
@@ -43,14 +45,17 @@ def make_adapter(
     overrides: dict[str, Any] | None = None,
     use_rslora: bool = False,
     std: float = 0.3,
+    params: list[str] | None = None,
 ) -> torch.nn.Module:
     """Save an adapter on the tiny `arch` base (seed 0) to `out_dir`; returns the PEFT model
-    (base + adapter, eval mode): the oracle for this adapter."""
+    (base + adapter, eval mode): the oracle for this adapter. `params`: PEFT's
+    `target_parameters` (then `targets` may be [] for an experts-only adapter)."""
     base = build_hf_model(arch, overrides, seed=0)
     cfg = LoraConfig(
         r=rank,
         lora_alpha=2 * rank,
-        target_modules=targets or TARGETS[arch],
+        target_modules=TARGETS[arch] if targets is None else targets,
+        target_parameters=params,
         lora_dropout=0.0,
         use_rslora=use_rslora,
     )

@@ -4,6 +4,7 @@ row against its own transformers + PEFT oracle (tests/lora_adapters.py makes the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from lora_adapters import make_adapter
@@ -22,11 +23,13 @@ MIXED = ["a0", None, "a1", "a2"]  # one row per prompt: three adapters and the b
 Oracles = dict[str | None, torch.nn.Module]
 
 
-def make_oracles(arch: str, root: Path, overrides: dict | None = None) -> Oracles:
-    """Adapters a0..a2 saved under `root` (rank 4, distinct seeds) and the bare base, each
-    with its transformers + PEFT model: the oracles of `check_mixed_batch`."""
+def make_oracles(arch: str, root: Path, overrides: dict | None = None, **adapter: Any) -> Oracles:
+    """Adapters a0..a2 saved under `root` (rank 4, distinct seeds; `adapter`: make_adapter's
+    other options) and the bare base, each with its transformers + PEFT model: the oracles of
+    `check_mixed_batch`."""
     oracles: Oracles = {
-        f"a{i}": make_adapter(arch, root / f"a{i}", seed=i, overrides=overrides) for i in range(3)
+        f"a{i}": make_adapter(arch, root / f"a{i}", seed=i, overrides=overrides, **adapter)
+        for i in range(3)
     }
     oracles[None] = build_hf_model(arch, overrides, seed=0).eval()
     return oracles

@@ -178,7 +178,7 @@ class ModelRunner:
     def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
         """Write `adapter` into LoRA slot `slot` of every layer (this rank's shard)."""
         assert self.lora is not None, "load_lora needs enable_lora"
-        renames = self.model.hf_to_ours()  # type: ignore[operator]
+        renames = self.model.hf_to_ours()
         install_adapter(self.model, renames, slot, adapter, self.tp)
         self.lora.set_slot_rank(slot, adapter.tensor_rank)
 

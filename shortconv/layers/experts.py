@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -10,6 +12,9 @@ from shortconv.kernels import fused_moe, resolve_backend
 from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.linear import mark_shard
 from shortconv.layers.linear_float import dense_linear
+
+if TYPE_CHECKING:
+    from shortconv.lora.experts import ExpertLoRA
 
 # When the experts run as two batched matmuls over a padded [E, rows, H] layout instead of a
 # loop over the experts that have tokens: with at most PADDED_MAX_ROWS tokens on any expert
@@ -34,9 +39,13 @@ class FusedExperts(nn.Module):
     as is. On the torch backend `capture_safe` (set by the graph runner while it captures or
     replays a decode step) selects a fixed-shape path with no host sync; it equals the grouped
     path within fp32 rounding.
+
+    `lora` (bound at build with enable_lora: lora.experts) adds each row's adapter inside the
+    experts it is routed to; an eager step with adapter rows runs the per-expert loop.
     """
 
     capture_safe: bool = False
+    lora: ExpertLoRA | None = None
 
     def __init__(
         self,
@@ -74,7 +83,11 @@ class FusedExperts(nn.Module):
         w_sorted = weights.reshape(-1)[order]
         cap = max(counts[: self.num_experts])
         active = sum(1 for n in counts[: self.num_experts] if n)
-        if 0 < cap <= PADDED_MAX_ROWS and active >= PADDED_MIN_ACTIVE * self.num_experts:
+        # A step with adapter rows on these experts takes the loop: the padded bmm reads no
+        # per-row adapter.
+        mask = self.lora.step_mask() if self.lora is not None else None
+        padded = 0 < cap <= PADDED_MAX_ROWS and active >= PADDED_MIN_ACTIVE * self.num_experts
+        if padded and mask is None:
             y, dest = self._padded(x, flat_ids[order], bins, token_of, cap)
             out.index_add_(0, token_of[dest], y * w_sorted[dest, None].to(x.dtype))
             return self.tp.all_reduce(out)
@@ -82,8 +95,8 @@ class FusedExperts(nn.Module):
         for e, n in enumerate(counts[: self.num_experts]):
             if n:
                 toks = token_of[start : start + n]
-                y = self._expert(x[toks], e) * w_sorted[start : start + n, None].to(x.dtype)
-                out.index_add_(0, toks, y)
+                y = self._expert(x[toks], e, mask[toks] if mask is not None else None)
+                out.index_add_(0, toks, y * w_sorted[start : start + n, None].to(x.dtype))
             start += n
         return self.tp.all_reduce(out)
 
@@ -118,11 +131,28 @@ class FusedExperts(nn.Module):
         # expert weights, which a decode batch touches almost entirely either way.
         combine = x.new_zeros(x.shape[0], self.num_experts + 1, dtype=weights.dtype)
         combine.scatter_add_(1, ids, weights)  # the skip id lands in the extra, dropped column
-        gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
-        y = torch.matmul(self.act(gate) * up, self.down_proj.transpose(1, 2))  # [E, T, H]
+        gate_up = torch.matmul(x, self.gate_up_proj.transpose(1, 2))
+        lora = self.lora if self.lora is not None and self.lora.batch.graphed else None
+        mask = lora.batch.graph_step(x.shape[0]).mask if lora is not None else None
+        if lora is not None and mask is not None:
+            lora.add_every_expert(lora.gate_up, gate_up, x, mask)
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = self.act(gate) * up
+        y = torch.matmul(h, self.down_proj.transpose(1, 2))  # [E, T, H]
+        if lora is not None and mask is not None:
+            lora.add_every_expert(lora.down, y, h, mask)
         w = combine[:, : self.num_experts].t().to(x.dtype)  # [E, T]
         return (y * w[:, :, None]).sum(0)
 
-    def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        gate, up = dense_linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return dense_linear(self.act(gate) * up, self.down_proj[e])
+    def _expert(self, x: torch.Tensor, e: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Expert e on rows x; `mask` (its rows of the step's LoRA column mask) adds their
+        adapters to both projections."""
+        gate_up = dense_linear(x, self.gate_up_proj[e])
+        if self.lora is not None and mask is not None:
+            self.lora.add(self.lora.gate_up, gate_up, x, e, mask)
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = self.act(gate) * up
+        y = dense_linear(h, self.down_proj[e])
+        if self.lora is not None and mask is not None:
+            self.lora.add(self.lora.down, y, h, e, mask)
+        return y

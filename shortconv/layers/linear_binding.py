@@ -21,6 +21,7 @@ from shortconv.layers.linear_float import FLOAT, cpu_float_method
 from shortconv.layers.linear_method import LinearMethod
 from shortconv.layers.quantize import Q4Linear, Q8Linear
 from shortconv.lora.batch import LoraBatch
+from shortconv.lora.experts import bind_expert_lora
 from shortconv.lora.linear import LoRALinear
 
 # The method each `quantization` binds (both run on our AVX2 kernels, on CPU).
@@ -98,6 +99,9 @@ def bind_linear_methods(model: nn.Module, policy: LinearPolicy) -> Counter[str]:
     methods = [policy.method_for(n, m, id(m.weight) in shared) for n, m in layers]
     for (_, layer), method in zip(layers, methods, strict=True):
         layer.method = method
+    if policy.lora is not None:
+        # Fused routed experts are no linear layer: their adapter slots are bound here too.
+        bind_expert_lora(model, policy.lora)
     return Counter(m.name for m in methods)
 
 

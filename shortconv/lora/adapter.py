@@ -38,17 +38,20 @@ class LoraError(ValueError):
 @dataclass(frozen=True)
 class LoraTensors:
     """One module's A [r, in] and B [out, r] as the weights file holds them: keys and full
-    shapes, no data (each rank reads only its own shard: lora.shard_read)."""
+    shapes, no data (each rank reads only its own shard: lora.shard_read). A fused expert
+    parameter's pair (PEFT's `target_parameters`: lora.adapter_params) stacks its `experts`
+    experts' ranks: A [r * experts, in], B [out, r * experts]."""
 
     a_key: str
     b_key: str
     a_shape: tuple[int, int]
     b_shape: tuple[int, int]
     itemsize: int
+    experts: int = 1
 
     @property
     def rank(self) -> int:
-        return self.a_shape[0]
+        return self.a_shape[0] // self.experts
 
     @property
     def nbytes(self) -> int:
@@ -89,6 +92,9 @@ class LoraAdapter:
 
 def read_adapter(path: str | Path) -> LoraAdapter:
     """Read and check an adapter directory; LoraError naming what is wrong."""
+    # NOTE: imported here: adapter_params builds on this module's LoraTensors and LoraError.
+    from shortconv.lora.adapter_params import name_parameters
+
     root = Path(path)
     cfg = _read_config(root)
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
@@ -99,7 +105,10 @@ def read_adapter(path: str | Path) -> LoraAdapter:
     targets = cfg.get("target_modules")
     target_modules = targets if isinstance(targets, str) else tuple(sorted(targets or ()))
     stamp, index = _read_index(root)
-    modules = _pair_tensors(root, index)
+    params = cfg.get("target_parameters") or []
+    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+        raise LoraError(f"{root / CONFIG_FILE}: target_parameters must be a list of names")
+    modules = name_parameters(root, _pair_tensors(root, index), params, rank)
     return LoraAdapter(root, rank, float(scale), target_modules, modules, stamp)
 
 
@@ -128,7 +137,6 @@ def _refuse_options(root: Path, cfg: dict) -> None:
         "modules_to_save": bool(cfg.get("modules_to_save")),
         "rank_pattern": bool(cfg.get("rank_pattern")),
         "alpha_pattern": bool(cfg.get("alpha_pattern")),
-        "target_parameters": bool(cfg.get("target_parameters")),
     }
     bad = [k for k, v in unsupported.items() if v]
     if bad:

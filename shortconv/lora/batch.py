@@ -51,6 +51,11 @@ class LoraBatch:
         # whenever the region is entered or left (never read across steps or captures).
         self._graph_rows: dict[int, KernelRows] = {}
         self._graphed = False
+        # Fused experts with adapter slots (lora.experts, bound at build) read each eager
+        # step's rows as a column mask [rows, rank * max_loras] and the slots in use.
+        self.experts = False
+        self.expert_mask: torch.Tensor | None = None
+        self.used_slots: tuple[int, ...] = ()
 
     @property
     def graphed(self) -> bool:
@@ -79,6 +84,8 @@ class LoraBatch:
     def set_rows(self, slots: list[int], device: torch.device) -> None:
         self._set_static(slots)
         self._graph_rows.clear()
+        if self.experts:
+            self._set_expert_rows(slots, device)
         if self.kernel is None:
             self.step = resolve_step(slots, self.slot_ranks, device)
             return
@@ -88,6 +95,15 @@ class LoraBatch:
             return
         ids = torch.tensor(slots, dtype=torch.int64).to(device)
         self._rows = KernelRows(ids, rank, self.kernel.align(ids, self.max_loras))
+
+    def _set_expert_rows(self, slots: list[int], device: torch.device) -> None:
+        rank = step_rank(slots, self.slot_ranks)
+        self.used_slots = tuple(sorted(set(slots) - {NO_ADAPTER})) if rank else ()
+        self.expert_mask = None
+        if rank:
+            ids = torch.tensor(slots, dtype=torch.int64)
+            mask = ids[:, None] == stack_columns(self.max_loras, rank)[None, :]
+            self.expert_mask = mask.to(device)
 
     def graph_step(self, num_rows: int) -> LoraStep:
         """The stacked step of a captured region's first `num_rows` rows, from `token_slots`."""

@@ -15,6 +15,7 @@ from shortconv.layers.linear_binding import linear_layers
 from shortconv.layers.linear_float import FLOAT
 from shortconv.layers.shard import shard_ranges
 from shortconv.lora.adapter import LoraAdapter, LoraError, LoraTensors
+from shortconv.lora.install_experts import expert_targets, place_expert
 from shortconv.lora.linear import LoRALinear, LoraSlots
 from shortconv.lora.shard_read import ShardPlan, read_shards
 
@@ -40,12 +41,17 @@ def install_adapter(
     layers = lora_layers(model)
     # NOTE: by method, not by weight alone: a q8 layer's float weight is empty after load too.
     empty = {n for n, m in linear_layers(model) if m.method is FLOAT and not m.weight.numel()}
+    experts = expert_targets(model)
+    targets = {name: _ours(name, renames) for name in adapter.modules}
+    fused = {name: experts[ours] for name, ours in targets.items() if ours in experts}
     placed = {
         name: _placed(name, renames, layers, adapter, tp)
-        for name in adapter.modules
-        if _ours(name, renames) not in empty
+        for name, ours in targets.items()
+        if ours not in empty and name not in fused
     }
-    shards = read_shards(adapter, {name: plan for name, (_, plan) in placed.items()})
+    plans = {name: plan for name, (_, plan) in placed.items()}
+    plans |= {name: place_expert(name, target, adapter, tp) for name, target in fused.items()}
+    shards = read_shards(adapter, plans)
     clear_slot(model, slot)
     with torch.no_grad():
         for name, (layer, _) in placed.items():
@@ -54,6 +60,8 @@ def install_adapter(
             slots.a[slot, :r].copy_(a)
             slots.b[slot, :, :r].copy_(b * adapter.scale)
             slots.ranks[slot] = r
+        for name, target in fused.items():
+            target.slots.write(slot, *shards[name], adapter.scale)
 
 
 def clear_slot(model: nn.Module, slot: int) -> None:
@@ -63,6 +71,8 @@ def clear_slot(model: nn.Module, slot: int) -> None:
             _slots(layer).ranks[slot] = 0
             _slots(layer).a[slot].zero_()
             _slots(layer).b[slot].zero_()
+        for target in expert_targets(model).values():
+            target.slots.clear(slot)
 
 
 def slot_weight_sum(model: nn.Module, slot: int) -> float:
@@ -72,7 +82,7 @@ def slot_weight_sum(model: nn.Module, slot: int) -> float:
     for layer in lora_layers(model).values():
         s = _slots(layer)
         total += float(s.a[slot].abs().sum() + s.b[slot].abs().sum()) + int(s.ranks[slot])
-    return total
+    return total + sum(t.slots.weight_sum(slot) for t in expert_targets(model).values())
 
 
 def _slots(layer: LinearBase) -> LoraSlots:

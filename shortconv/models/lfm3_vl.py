@@ -48,7 +48,13 @@ class Lfm3VlForConditionalGeneration(VisionLanguageModel):
         return self.multi_modal_projector(self.vision_tower(pixels, grids))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        WeightLoader(self, self.tp, _PREFIXES | _LFM3).load(self._used(weights))
+        WeightLoader(self, self.tp, self.hf_to_ours()).load(self._used(weights))
+
+    @staticmethod
+    def hf_to_ours() -> dict[str, str]:
+        """Rename rules: HF checkpoint name fragment → ours (LoRA adapters' module names go
+        through them too: the language model's projections are adaptable)."""
+        return _PREFIXES | _LFM3
 
     def _used(
         self, weights: Iterable[tuple[str, torch.Tensor]]

@@ -42,7 +42,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from offline import SHAPES  # noqa: E402
 from serve_load import Result, pct, stream_one  # noqa: E402
-from serve_procs import ours  # noqa: E402
+from serve_procs import ours, with_visible_tokens  # noqa: E402
 from spec_decode import _cpu_model  # noqa: E402
 
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
@@ -215,7 +215,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         arch, overrides = SHAPES[args.shape]
-        model = make_tiny_checkpoint(arch, Path(tmp) / "ckpt", overrides, seed=0)
+        # NOTE: visible tokens: a random model mostly picks reserved special tokens, which
+        # stream as empty text, and the client times text events (bench/serve_procs.py)
+        model = with_visible_tokens(
+            make_tiny_checkpoint(arch, Path(tmp) / "ckpt", overrides, seed=0)
+        )
         rows = [
             measure(name, {"model": str(model), **app}, args)
             for name, app in apps(args.cpus, args.concurrency).items()

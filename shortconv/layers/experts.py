@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -12,9 +12,6 @@ from shortconv.kernels import fused_moe, resolve_backend
 from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.linear import mark_shard
 from shortconv.layers.linear_float import dense_linear
-
-if TYPE_CHECKING:
-    from shortconv.lora.experts import ExpertLoRA
 
 # When the experts run as two batched matmuls over a padded [E, rows, H] layout instead of a
 # loop over the experts that have tokens: with at most PADDED_MAX_ROWS tokens on any expert
@@ -26,6 +23,30 @@ if TYPE_CHECKING:
 # 14 of 16 used (decode batch 32): padded 4.1 vs loop 6.5 ms; 8 of 16: 4.1 vs 3.7 ms.
 PADDED_MAX_ROWS = 16
 PADDED_MIN_ACTIVE = 2 / 3
+
+
+class ExpertAdapters(Protocol):
+    """What FusedExperts calls on the adapters bound to it (lora.experts.ExpertLoRA): a
+    protocol, so that layers import nothing of lora (lora builds on layers)."""
+
+    @property
+    def batch(self) -> Any: ...  # lora.batch.LoraBatch
+
+    @property
+    def gate_up(self) -> Any: ...  # lora.experts.ExpertLoraSlots
+
+    @property
+    def down(self) -> Any: ...
+
+    def step_mask(self) -> torch.Tensor | None: ...
+
+    def add(
+        self, slots: Any, y: torch.Tensor, x: torch.Tensor, e: int, mask: torch.Tensor
+    ) -> None: ...
+
+    def add_every_expert(
+        self, slots: Any, y: torch.Tensor, x: torch.Tensor, mask: torch.Tensor
+    ) -> None: ...
 
 
 class FusedExperts(nn.Module):
@@ -45,7 +66,7 @@ class FusedExperts(nn.Module):
     """
 
     capture_safe: bool = False
-    lora: ExpertLoRA | None = None
+    lora: ExpertAdapters | None = None
 
     def __init__(
         self,

@@ -16,6 +16,11 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
+from shortconv.lora.adapter_params import name_parameters
+from shortconv.lora.tensors import LoraError, LoraTensors
+
+__all__ = ["LoraAdapter", "LoraError", "LoraTensors", "read_adapter"]
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 # PEFT's key prefix on a causal LM (PeftModelForCausalLM.base_model.model).
@@ -24,38 +29,6 @@ _PARTS = {"lora_A": 0, "lora_B": 1}
 # The float dtypes an adapter's tensors may have (safetensors' names), by bytes per element.
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 _Entry = tuple[tuple[int, int], int]  # (shape, itemsize)
-
-
-class LoraError(ValueError):
-    """An adapter that cannot be loaded, with the module or file and the reason. `reason` is
-    its kind, one of `metrics.defs.LORA_LOAD_REFUSALS` (the refusal counter's label)."""
-
-    def __init__(self, message: str, reason: str = "options") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class LoraTensors:
-    """One module's A [r, in] and B [out, r] as the weights file holds them: keys and full
-    shapes, no data (each rank reads only its own shard: lora.shard_read). A fused expert
-    parameter's pair (PEFT's `target_parameters`: lora.adapter_params) stacks its `experts`
-    experts' ranks: A [r * experts, in], B [out, r * experts]."""
-
-    a_key: str
-    b_key: str
-    a_shape: tuple[int, int]
-    b_shape: tuple[int, int]
-    itemsize: int
-    experts: int = 1
-
-    @property
-    def rank(self) -> int:
-        return self.a_shape[0] // self.experts
-
-    @property
-    def nbytes(self) -> int:
-        return (math.prod(self.a_shape) + math.prod(self.b_shape)) * self.itemsize
 
 
 @dataclass(frozen=True)
@@ -92,9 +65,6 @@ class LoraAdapter:
 
 def read_adapter(path: str | Path) -> LoraAdapter:
     """Read and check an adapter directory; LoraError naming what is wrong."""
-    # NOTE: imported here: adapter_params builds on this module's LoraTensors and LoraError.
-    from shortconv.lora.adapter_params import name_parameters
-
     root = Path(path)
     cfg = _read_config(root)
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")

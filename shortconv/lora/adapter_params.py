@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from shortconv.lora.adapter import LoraError, LoraTensors
+from shortconv.lora.tensors import LoraError, LoraTensors
 
 # NOTE: the order transformers' fused experts (Lfm2MoeExperts, ZayaExperts) register their
 # parameters in, which is PEFT's nesting order (innermost first).

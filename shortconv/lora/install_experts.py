@@ -34,8 +34,8 @@ def expert_targets(model: nn.Module) -> dict[str, ExpertTarget]:
     """Our qualified parameter name → its target, for every fused expert parameter."""
     out: dict[str, ExpertTarget] = {}
     for name, m in model.named_modules():
-        lora: ExpertLoRA | None = m.lora if isinstance(m, FusedExperts) else None
-        if lora is not None:
+        lora = m.lora if isinstance(m, FusedExperts) else None
+        if isinstance(lora, ExpertLoRA):
             out[f"{name}.gate_up_proj"] = ExpertTarget(lora.gate_up, m.gate_up_proj, lora.refusal)
             out[f"{name}.down_proj"] = ExpertTarget(lora.down, m.down_proj, lora.refusal)
     return out

@@ -14,9 +14,20 @@ CPU = torch.device("cpu")
 MIB = 2**20
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _resident(tensors: list[torch.Tensor]) -> int:
+    """Resident bytes of the memory mappings that hold `tensors` (/proc/self/smaps). NOTE:
+    not the process's RSS: a pytest worker's other threads allocate meanwhile."""
+    spans = [(t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in tensors]
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = any(a < hi and lo < b for a, b in spans)
+            elif inside and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
 
 
 def _pool(dtype: torch.dtype, pages: int) -> StatePool:
@@ -24,16 +35,17 @@ def _pool(dtype: torch.dtype, pages: int) -> StatePool:
     return StatePool([StateSpec("conv", (0, 2), (32, 3))], kv, 4, dtype, CPU)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc")
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
 def test_an_untouched_kv_pool_is_not_resident() -> None:
     pages = 8192  # K and V: 2 * 2 layers * 8192*16 rows * 4 heads * 64 * 4 B = 256 MiB
-    before = _rss()
     pool = _pool(torch.float32, pages)
     assert pool.nbytes() > 256 * MIB
-    assert _rss() - before < 16 * MIB, "allocating the pool must not touch its pages"
+    tensors = [t for caches in pool.kv_caches if caches for t in caches]
+    before = _resident(tensors)
+    assert before < 16 * MIB, "allocating the pool must not touch its pages"
     k, v = pool.kv(1)
     k[: 64 * 16].fill_(1.0)  # 64 pages of one layer's K: 1 MiB
-    grown = _rss() - before
+    grown = _resident(tensors) - before
     assert MIB <= grown < 17 * MIB, "only the written pages become resident"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -176,10 +175,11 @@ def test_tiny_cache_is_built_once_and_atomically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
+    both = threading.Barrier(2, timeout=30)
 
     def slow_make(arch: str, out: Path, seed: int = 0) -> Path:
         calls.append(seed)
-        time.sleep(0.2)  # both builders are mid-write at once
+        both.wait()  # both builders are mid-write at once (a loaded machine may start one late)
         (Path(out) / "config.json").write_text(json.dumps({"arch": arch}))
         return Path(out)
 

@@ -1,6 +1,7 @@
 """Multi-LoRA at tp_size 2 on Ray (CPU, gloo, real actors): one batch mixing three adapters with
 the bare base equals transformers + PEFT row by row, for LFM2, LFM2-MoE, LFM3 and ZAYA1, and
-for LFM2 with graph-captured decode on the ranks. Each rank holds its
+for LFM2 with graph-captured decode on the ranks, and for adapters on LFM2-MoE's and ZAYA1's
+routed experts. Each rank holds its
 shard of every adapter (B's rows beside a column-parallel weight, A's columns beside a
 row-parallel one) and learns each row's adapter slot from the step message. A refused adapter
 is refused by every rank and the engine keeps serving; an unload empties the slot on every
@@ -15,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from lora_adapters import make_adapter  # noqa: E402
+from lora_adapters import EXPERT_PARAMS, make_adapter  # noqa: E402
 from lora_runs import GREEDY, adapter_dirs, check_mixed_batch, make_oracles  # noqa: E402
 from ray_env import private_ray  # noqa: E402
 
@@ -125,3 +126,23 @@ def test_tp2_with_graphs_matches_peft(tp2_graphs: tuple, monkeypatch: pytest.Mon
     monkeypatch.setattr(executor, "execute", counted)
     check_mixed_batch(engine, oracles, f"{arch} tp_size=2 with graphs")
     assert any(replays), "decode steps must be graph replays on the ranks"
+
+
+@pytest.mark.parametrize("arch", ["lfm2_moe", "zaya1"])
+def test_tp2_expert_adapters_match_peft(
+    arch: str, ray_runtime: None, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """LoRA on the routed experts: each rank holds its shard of every expert adapter (gate_up's
+    B rows per gate/up half, down's A columns, as the base experts split their intermediate
+    size), and one batch mixing three experts-only adapters with the bare base equals
+    transformers + PEFT row by row."""
+    root = tmp_path_factory.mktemp(f"lora-experts-tp-{arch}")
+    ckpt = make_tiny_checkpoint(arch, root / "base", OVERRIDES, seed=0, with_tokenizer=False)
+    oracles = make_oracles(arch, root, OVERRIDES, targets=[], params=EXPERT_PARAMS)
+    eng = EngineConfig(enable_lora=True, max_loras=3, lora_modules=adapter_dirs(root, oracles))
+    spec = plan_worker_spec(ckpt, eng, "float32", tp_size=2)
+    executor = RayExecutor(spec, 2, num_cpus_per_worker=0.25)
+    try:
+        check_mixed_batch(LLMEngine(spec, executor), oracles, f"{arch} experts tp_size=2")
+    finally:
+        executor.shutdown()

@@ -9,8 +9,14 @@ short side of the block as coarsely as the long one. The scale and min are fp16,
 them: 5 bits a weight with the codes (fp32 took 6; Q4_K stores 4.5), and decode at one row
 reads every byte, so fewer bytes are the speed. fp16 rounds them by at most 2^-11 relative,
 against a code step of 1/15 of the block's range; the codes are taken against the rounded pair,
-so the only error is the codes' own rounding. Each block maps its own [min, max] onto 0..15
-(Q4_K searches a slightly better pair; this is its plain starting point).
+so the only error is the codes' own rounding.
+
+Each block starts from its own [min, max] mapped onto 0..15, then alternates twice more between
+the least-squares pair for its codes and the nearest codes for that pair (`REFITS`): each half
+step can only lower the block's squared error (but for fp16's rounding of the pair), and on
+Gaussian weights three rounds take it to 0.87x the min/max mapping's. Q4_K searches its pair too
+(over a grid of scales); this search is our own and cheaper: on a 4608 x 1024 weight, 0.09 s
+of one thread's CPU against 0.05 s for the min/max mapping alone.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from shortconv.kernels.cpu_gemm import Q8_BLOCK, quantize_x8, quantize_x16, set_
 
 Q4_BLOCK = Q8_BLOCK  # weights per scale and min
 LEVELS = 15  # codes 0..15
+# Rounds of (least-squares pair, nearest codes) after the min/max start. Measured on Gaussian
+# blocks, the squared error against the min/max mapping's: 0.92x after 1, 0.88x after 2,
+# 0.87x after 3, 0.86x after 4.
+REFITS = 3
 
 
 @dataclass(frozen=True)
@@ -60,22 +70,53 @@ class Q4Weight:
 
 
 def quantize_q4(weight: torch.Tensor) -> Q4Weight:
-    """Map each block of 32 weights of a row onto 0..15 between its smallest and largest value
-    (in divisible by 32). An all-equal block gets scale 0 and its value as min."""
+    """Each block of 32 weights of a row as codes 0..15 with the fp16 scale and min that fit
+    them best (module docstring; in divisible by 32). An all-equal block gets scale 0 and its
+    value as min."""
     rows, cols = weight.shape
     if cols % Q4_BLOCK:
         raise ValueError(f"q4 needs in_features divisible by {Q4_BLOCK}, got {cols}")
     blocks = weight.detach().float().reshape(rows, cols // Q4_BLOCK, Q4_BLOCK)
-    lo = blocks.amin(dim=-1).half()
-    scale = ((blocks.amax(dim=-1) - lo.float()) / LEVELS).half()
-    # The codes against the pair as stored: a min rounded up clamps its block's smallest
-    # weights to code 0, a scale rounded down its largest to 15, by under a part in 2^11.
-    safe = torch.where(scale > 0, scale.float(), torch.ones_like(scale, dtype=torch.float32))
-    steps = (blocks - lo.float().unsqueeze(-1)) / safe.unsqueeze(-1)
-    codes = torch.round(steps).clamp(0, LEVELS).to(torch.uint8)
-    packed = codes[..., : Q4_BLOCK // 2] | (codes[..., Q4_BLOCK // 2 :] << 4)
+    lo = blocks.amin(dim=-1, keepdim=True)
+    # The pair as stored (fp16) from the start: the codes are always taken against it.
+    scale = ((blocks.amax(dim=-1, keepdim=True) - lo) / LEVELS).half().float()
+    low = lo.half().float()
+    total = blocks.sum(-1, keepdim=True)
+    codes = _nearest_codes(blocks, scale, low)
+    for _ in range(REFITS):
+        scale, low = _least_squares_pair(blocks, total, codes, scale, low)
+        codes = _nearest_codes(blocks, scale, low)
+    c = codes.to(torch.uint8)
+    packed = c[..., : Q4_BLOCK // 2] | (c[..., Q4_BLOCK // 2 :] << 4)
     packed = packed.reshape(rows, cols // 2).contiguous()
-    return Q4Weight(packed, scale.contiguous(), lo.contiguous())
+    return Q4Weight(packed, scale.squeeze(-1).half(), low.squeeze(-1).half())
+
+
+def _nearest_codes(blocks: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """The code nearest each weight for the pair (float, 0..15; 0 where the scale is 0): a
+    min rounded up clamps its block's smallest weights to 0, a scale rounded down its largest
+    to 15."""
+    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    return torch.sub(blocks, low).mul_(inv).round_().clamp_(0, LEVELS)
+
+
+def _least_squares_pair(
+    blocks: torch.Tensor,
+    total: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    low: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (scale, min) minimising each block's sum of (c * scale + min - w)^2 for its codes,
+    rounded to fp16; a block whose codes are all equal keeps its pair (no slope to fit)."""
+    n = Q4_BLOCK
+    c_sum = codes.sum(-1, keepdim=True)
+    c_var = (codes * codes).sum(-1, keepdim=True) - c_sum * c_sum / n
+    cov = (codes * blocks).sum(-1, keepdim=True) - c_sum * total / n
+    fits = c_var > 0
+    new_scale = torch.where(fits, cov / torch.where(fits, c_var, 1.0), scale).half().float()
+    new_low = torch.where(fits, (total - new_scale * c_sum) / n, low).half().float()
+    return new_scale, new_low
 
 
 def gemm_q4_ref(

@@ -71,9 +71,8 @@ def language_side(vl: Path, out: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="module", params=["lfm2_vl", "lfm3_vl"])
-def vl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VlModel:
-    arch, base = request.param, tmp_path_factory.mktemp(request.param)
+def make_vl(arch: str, base: Path) -> VlModel:
+    """A tiny `arch` ("lfm2_vl" or "lfm3_vl"), its language side as a draft, and the requests."""
     make = make_tiny_lfm2_vl if arch == "lfm2_vl" else make_tiny_lfm3_vl
     path = make(base / "vl", seed=3)
     draft = language_side(path, base / "draft")
@@ -81,10 +80,20 @@ def vl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
     return VlModel(path, draft, [reqs[0], reqs[1], reqs[0]])
 
 
-def run(vl: VlModel, spec: dict[str, object] | None) -> tuple[list[list[int]], LLMEngine]:
+@pytest.fixture(scope="module", params=["lfm2_vl", "lfm3_vl"])
+def vl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VlModel:
+    return make_vl(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def spec_config(vl: VlModel, method: str | None) -> EngineConfig:
+    """kv_page_size 8, speculation off (None), `ngram`, or the language-side draft (k = 3)."""
+    draft = {"method": "draft_model", "model": str(vl.draft), "num_speculative_tokens": 3}
+    spec = None if method is None else NGRAM if method == "ngram" else draft
+    return EngineConfig(speculative_config=spec, kv_page_size=8)  # type: ignore[arg-type]
+
+
+def run_requests(eng: LLMEngine, vl: VlModel) -> list[list[int]]:
     """The image request speculates, the text one too, the last (same image) does not."""
-    cfg = EngineConfig(speculative_config=spec, kv_page_size=8)  # type: ignore[arg-type]
-    eng = build_engine(vl.path, dtype="float32", engine_config=cfg)
     params = [GREEDY, GREEDY, replace(GREEDY, speculative=False)]
     rids = [
         eng.add_request(ids, p, images=images)
@@ -93,8 +102,14 @@ def run(vl: VlModel, spec: dict[str, object] | None) -> tuple[list[list[int]], L
     done: dict[str, list[int]] = {}
     while eng.has_unfinished():
         done |= {o.request_id: o.token_ids for o in eng.step() if o.finished}
+    return [done[r] for r in rids]
+
+
+def run(vl: VlModel, method: str | None) -> tuple[list[list[int]], LLMEngine]:
+    eng = build_engine(vl.path, dtype="float32", engine_config=spec_config(vl, method))
+    out = run_requests(eng, vl)
     assert eng.executor.runner.images.entries == {}, "the encoder cache must end empty"
-    return [done[r] for r in rids], eng
+    return out, eng
 
 
 def spec_counts(eng: LLMEngine) -> tuple[int, int]:
@@ -105,8 +120,7 @@ def spec_counts(eng: LLMEngine) -> tuple[int, int]:
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_an_image_request_speculates_losslessly(vl: VlModel, method: str) -> None:
     ref, _ = run(vl, None)
-    draft = {"method": "draft_model", "model": str(vl.draft), "num_speculative_tokens": 3}
-    ours, eng = run(vl, NGRAM if method == "ngram" else draft)
+    ours, eng = run(vl, method)
     assert ours == ref
     assert ref[0] != ref[1]  # the image request is not the text one
     proposed, accepted = spec_counts(eng)

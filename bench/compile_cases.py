@@ -343,7 +343,7 @@ def expert_lora(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[La
     gate_up, down = _t(e, 2 * i, h, dtype=dtype), _t(e, h, i, dtype=dtype)
     flat = e * LORA_SLOTS
     tokens = (PREFILL_TOKENS,) if quick else (*DECODE_BATCHES, PREFILL_TOKENS)
-    for r in LORA_RANKS:
+    for r in LORA_RANKS[-1:] if quick else LORA_RANKS:  # quick: the widest rank tile
         adapters = (
             _t(flat, r, h, dtype=dtype),
             _t(flat, 2 * i, r, dtype=dtype),

@@ -188,10 +188,10 @@ def bind_expert_lora(model: nn.Module, batch: LoraBatch) -> None:
     for m in model.modules():
         if isinstance(m, FusedExperts):
             device = m.gate_up_proj.device
-            triton = resolve_backend(device) == "triton"
-            mod = _triton_or_none(device, "moe_lora_triton") if triton else None
+            on_triton = resolve_backend(device) == "triton"
+            mod = _triton_or_none(device, "moe_lora_triton") if on_triton else None
             refusal = None
-            if triton and mod is None:
+            if on_triton and mod is None:
                 refusal = "the fused MoE fell back to its torch reference, which has no LoRA"
             kernel = mod.fused_moe_lora_triton if mod is not None else None
             flat = kernel is not None

@@ -281,8 +281,8 @@ def fused_moe(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Laun
 
 LORA_RANKS = (16, 64)  # a typical adapter, and the kernels' largest rank
 LORA_SLOTS = 4  # max_loras
-# LoRA runs on the dense models (routed experts are not adaptable yet); LFM2-350M's launches
-# are the ones docs/lora.md reports.
+# Dense-projection LoRA on the dense models (routed experts: `expert_lora` below);
+# LFM2-350M's launches are the ones docs/lora.md reports.
 LORA_MODELS = ("LFM2-350M", "LFM2-1.2B", "LFM2-2.6B", "LFM3-1.7B")
 
 
@@ -330,6 +330,37 @@ def lora(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
                 )
 
 
+def expert_lora(rank: RankShape, dtype: torch.dtype, quick: bool) -> Iterator[Launch]:
+    """The fused MoE with LoRA on its experts (the MoE kernels' HAS_DELTA variants and the
+    shrink/expand over E * max_loras flat slots), rank 16 and 64, in ExpertLoraSlots' flat
+    layout, at the decode buckets and the prefill chunk."""
+    from shortconv.kernels import moe_lora_triton as k
+    from shortconv.kernels.moe_lora_ref import ExpertLoraRows
+
+    if not rank.experts:
+        return
+    e, h, i, top = rank.experts, rank.hidden, rank.inter, rank.top_k
+    gate_up, down = _t(e, 2 * i, h, dtype=dtype), _t(e, h, i, dtype=dtype)
+    flat = e * LORA_SLOTS
+    tokens = (PREFILL_TOKENS,) if quick else (*DECODE_BATCHES, PREFILL_TOKENS)
+    for r in LORA_RANKS[-1:] if quick else LORA_RANKS:  # quick: the widest rank tile
+        adapters = (
+            _t(flat, r, h, dtype=dtype),
+            _t(flat, 2 * i, r, dtype=dtype),
+            _t(flat, r, i, dtype=dtype),
+            _t(flat, h, r, dtype=dtype),
+        )
+        for t in tokens:
+            x, ids, w = _t(t, h, dtype=dtype), _t(t, top, dtype=torch.int64), _t(t, top)
+            lora = ExpertLoraRows(*adapters, _t(t, dtype=torch.int64), r, LORA_SLOTS)
+            yield Launch(
+                f"r={r} T={t}",
+                lambda x=x, ids=ids, w=w, lora=lora: k.fused_moe_lora_triton(
+                    x, gate_up, down, ids, w, "silu", lora
+                ),
+            )
+
+
 # NOTE: the sweep's kernel list; each family yields nothing for a rank without its layer.
 FAMILIES: dict[str, Callable[[RankShape, torch.dtype, bool], Iterator[Launch]]] = {
     "short_conv": short_conv,
@@ -337,4 +368,5 @@ FAMILIES: dict[str, Callable[[RankShape, torch.dtype, bool], Iterator[Launch]]] 
     "attention": attention,
     "fused_moe": fused_moe,
     "lora": lora,
+    "expert_lora": expert_lora,
 }

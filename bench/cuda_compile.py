@@ -40,6 +40,7 @@ QUICK: dict[str, tuple[tuple[str, int], ...]] = {
     "attention": (("ZAYA1-8B", 1), ("LFM3-1.7B", 1)),
     "fused_moe": (("ZAYA1-8B", 1),),
     "lora": (("LFM2-350M", 1),),
+    "expert_lora": (("ZAYA1-8B", 1),),
 }
 
 

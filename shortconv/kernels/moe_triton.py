@@ -42,6 +42,7 @@ def _gate_up_kernel(
     x_ptr,
     w_ptr,
     h_ptr,
+    d_ptr,
     route_ptr,
     expert_ptr,
     num_routes,
@@ -53,9 +54,12 @@ def _gate_up_kernel(
     w_sk,
     h_sm,
     h_sn,
+    d_sr,
+    d_sn,
     HIDDEN: tl.constexpr,
     INTER: tl.constexpr,
     ACT: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
     PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -91,6 +95,12 @@ def _gate_up_kernel(
             u = u.to(tl.float32)
         acc_g = tl.dot(a, g, acc_g, input_precision=PREC)
         acc_u = tl.dot(a, u, acc_u, input_precision=PREC)
+    if HAS_DELTA:  # a per-route addend of gate ‖ up [T*k, 2I] (expert LoRA), before act
+        r64 = tl.where(valid, route, 0).to(tl.int64)
+        d_ptrs = d_ptr + r64[:, None] * d_sr + n[None, :] * d_sn
+        dmask = valid[:, None] & nmask[None, :]
+        acc_g += tl.load(d_ptrs, mask=dmask, other=0.0).to(tl.float32)
+        acc_u += tl.load(d_ptrs + INTER * d_sn, mask=dmask, other=0.0).to(tl.float32)
     if ACT == 0:  # silu
         act = acc_g / (1.0 + tl.exp(-acc_g))
     elif ACT == 1:  # gelu (erf)
@@ -109,6 +119,7 @@ def _down_kernel(
     h_ptr,
     w_ptr,
     y_ptr,
+    d_ptr,
     route_ptr,
     expert_ptr,
     rw_ptr,
@@ -120,8 +131,11 @@ def _down_kernel(
     w_sk,
     y_sr,
     y_sn,
+    d_sr,
+    d_sn,
     HIDDEN: tl.constexpr,
     INTER: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
     PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -151,6 +165,9 @@ def _down_kernel(
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PREC)
+    if HAS_DELTA:  # a per-route addend of the expert's output [T*k, H], before the weight
+        d_ptrs = d_ptr + route[:, None] * d_sr + n[None, :] * d_sn
+        acc += tl.load(d_ptrs, mask=valid[:, None] & nmask[None, :], other=0.0).to(tl.float32)
     rw = tl.load(rw_ptr + route, mask=valid, other=0.0).to(tl.float32)
     acc = acc * rw[:, None]
     y_ptrs = y_ptr + route[:, None] * y_sr + n[None, :] * y_sn
@@ -197,54 +214,86 @@ def fused_moe_triton(
     rounded to x's dtype between the two GEMMs. No host syncs and no data-dependent shapes,
     so it is safe under CUDA graph capture. No tensor-parallel all-reduce.
     """
+    check_moe_triton(x, gate_up, down, ids, weights, activation)
+    out = _out(x, out)
+    if is_empty(x, ids, down):
+        return out.zero_()
+    align = align_experts(ids, weights, gate_up.shape[0])
+    h = gate_up_gemm(x, gate_up, align, activation, ids.shape[1])
+    routed = down_gemm(h, down, align, weights)
+    return combine_routes(routed, ids.shape[1], out)
+
+
+def check_moe_triton(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    activation: str,
+) -> None:
+    """The oracle's shape checks plus the kernels' one dtype for x and the weights."""
     check_moe_shapes(x, gate_up, down, ids, weights, activation)
     if gate_up.dtype != x.dtype or down.dtype != x.dtype:
         raise ValueError(
             f"expert weights must be in x's dtype {x.dtype}, got {gate_up.dtype}/{down.dtype}"
         )
-    t, hidden = x.shape
-    top_k = ids.shape[1]
-    num_experts, two_i, _ = gate_up.shape
-    inter = two_i // 2
-    if out is None:
-        out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
-    if t == 0 or top_k == 0 or inter == 0:
-        return out.zero_()
-    block_m = block_m_for(t * top_k, num_experts)
-    align = align_routes(ids, weights, num_experts, block_m)
-    routed = _grouped_gemms(x, gate_up, down, align, weights, activation, top_k)
+
+
+def _out(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+
+
+def is_empty(x: torch.Tensor, ids: torch.Tensor, down: torch.Tensor) -> bool:
+    """No rows, routes or intermediate width: the output is zero (static shapes: no sync)."""
+    return x.shape[0] == 0 or ids.shape[1] == 0 or down.shape[2] == 0
+
+
+def align_experts(ids: torch.Tensor, weights: torch.Tensor, num_experts: int) -> MoeAlignment:
+    """The routes of ids [T, k] sorted by expert into row blocks sized for the step."""
+    return align_routes(ids, weights, num_experts, block_m_for(ids.numel(), num_experts))
+
+
+def combine_routes(routed: torch.Tensor, top_k: int, out: torch.Tensor) -> torch.Tensor:
+    """out [T, H] = the fixed-order sum of each token's k weighted routes [T*k, H]."""
     if top_k == 1:
         return out.copy_(routed)
+    t, hidden = out.shape
     return out.copy_(torch.sum(routed.view(t, top_k, hidden), dim=1, dtype=torch.float32))
 
 
-def _grouped_gemms(
+def _precision(dtype: torch.dtype) -> tuple[bool, str | None]:
+    """(DOT_F32, PREC): the interpreter cannot dot bf16 operands (module docstring), so it
+    upcasts them; fp32 inputs get exact fp32 products (the default would be TF32)."""
+    dot_f32 = bool(triton.knobs.runtime.interpret) and dtype == torch.bfloat16
+    return dot_f32, "ieee" if dtype == torch.float32 or dot_f32 else None
+
+
+def gate_up_gemm(
     x: torch.Tensor,
     gate_up: torch.Tensor,
-    down: torch.Tensor,
     align: MoeAlignment,
-    weights: torch.Tensor,
     activation: str,
     top_k: int,
+    delta: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The two grouped GEMMs over aligned routes -> per-route rows [T*k, H] in x's dtype."""
-    gate_k, down_k = _kernels()
-    num_routes = x.shape[0] * top_k
-    hidden, inter = x.shape[1], down.shape[2]
-    block_m = align.block_m
+    """h [padded_len, I] = act(gate) * up per padded slot of `align` (padding rows unwritten).
+    `delta` [T*k, 2I] (optional, x's dtype): added to each route's gate ‖ up before the
+    activation (expert LoRA: moe_lora_triton)."""
+    gate_k, _ = _kernels()
+    hidden, inter = x.shape[1], gate_up.shape[1] // 2
     num_blocks = align.expert_of_block.numel()
-    # The interpreter cannot dot bf16 operands (module docstring): upcast them there.
-    dot_f32 = bool(triton.knobs.runtime.interpret) and x.dtype == torch.bfloat16
-    # fp32 inputs get exact fp32 products (the default would be TF32 on recent GPUs).
-    prec = "ieee" if x.dtype == torch.float32 or dot_f32 else None
-    h = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    dot_f32, prec = _precision(x.dtype)
+    h = torch.empty(num_blocks * align.block_m, inter, dtype=x.dtype, device=x.device)
+    d = h if delta is None else delta  # never read without HAS_DELTA
     gate_k[(num_blocks, triton.cdiv(inter, BLOCK_N))](
         x,
         gate_up,
         h,
+        d,
         align.sorted_route_ids,
         align.expert_of_block,
-        num_routes,
+        x.shape[0] * top_k,
         top_k,
         x.stride(0),
         x.stride(1),
@@ -253,18 +302,39 @@ def _grouped_gemms(
         gate_up.stride(2),
         h.stride(0),
         h.stride(1),
+        d.stride(0),
+        d.stride(1),
         HIDDEN=hidden,
         INTER=inter,
         ACT=_ACT_CODES[activation],
+        HAS_DELTA=delta is not None,
         PREC=prec,
         DOT_F32=dot_f32,
-        BLOCK_M=block_m,
+        BLOCK_M=align.block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
         **launch_config.options(MOE_GEMM, "_gate_up_kernel"),
     )
+    return h
+
+
+def down_gemm(
+    h: torch.Tensor,
+    down: torch.Tensor,
+    align: MoeAlignment,
+    weights: torch.Tensor,
+    delta: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """routed [T*k, H] = weight * (h W_down^T + delta) per route, in h's dtype (skip and
+    zero-weight routes zero). `delta` [T*k, H] (optional, h's dtype): expert LoRA's."""
+    _, down_k = _kernels()
+    num_routes = weights.numel()
+    hidden, inter = down.shape[1], down.shape[2]
+    num_blocks = align.expert_of_block.numel()
+    dot_f32, prec = _precision(h.dtype)
     # Zeroed: skip routes (and zero-weight ones) are written by no block.
-    routed = torch.zeros(num_routes, hidden, dtype=x.dtype, device=x.device)
+    routed = torch.zeros(num_routes, hidden, dtype=h.dtype, device=h.device)
+    d = routed if delta is None else delta  # never read without HAS_DELTA
     # The kernel indexes the weights as a flat unit-stride array by route id; reshape(-1) of
     # a sliced [T, 1] (say weights[:, :1]) is a view with stride 2, so make it contiguous.
     rw = weights.reshape(-1).contiguous()
@@ -272,6 +342,7 @@ def _grouped_gemms(
         h,
         down,
         routed,
+        d,
         align.sorted_route_ids,
         align.expert_of_block,
         rw,
@@ -283,11 +354,14 @@ def _grouped_gemms(
         down.stride(2),
         routed.stride(0),
         routed.stride(1),
+        d.stride(0),
+        d.stride(1),
         HIDDEN=hidden,
         INTER=inter,
+        HAS_DELTA=delta is not None,
         PREC=prec,
         DOT_F32=dot_f32,
-        BLOCK_M=block_m,
+        BLOCK_M=align.block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
         **launch_config.options(MOE_GEMM, "_down_kernel"),

@@ -40,6 +40,16 @@ class ExpertAdapters(Protocol):
 
     def step_mask(self) -> torch.Tensor | None: ...
 
+    def triton_forward(
+        self,
+        x: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        activation: str,
+    ) -> torch.Tensor | None: ...
+
     def add(
         self, slots: Any, y: torch.Tensor, x: torch.Tensor, e: int, mask: torch.Tensor
     ) -> None: ...
@@ -62,7 +72,9 @@ class FusedExperts(nn.Module):
     path within fp32 rounding.
 
     `lora` (bound at build with enable_lora: lora.experts) adds each row's adapter inside the
-    experts it is routed to; an eager step with adapter rows runs the per-expert loop.
+    experts it is routed to; on the torch backend an eager step with adapter rows runs the
+    per-expert loop, on the Triton backend the fused MoE with the adapters' terms
+    (`moe_lora_triton`) whenever a row has one (every graph step).
     """
 
     capture_safe: bool = False
@@ -89,7 +101,9 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if resolve_backend(x.device) == "triton":
-            y = fused_moe(x, self.gate_up_proj, self.down_proj, ids, weights, self.activation)
+            y = self._triton_lora(x, ids, weights) if self.lora is not None else None
+            if y is None:
+                y = fused_moe(x, self.gate_up_proj, self.down_proj, ids, weights, self.activation)
             return self.tp.all_reduce(y)
         if self.capture_safe:
             return self.tp.all_reduce(self._forward_dense(x, ids, weights))
@@ -120,6 +134,13 @@ class FusedExperts(nn.Module):
                 out.index_add_(0, toks, y * w_sorted[start : start + n, None].to(x.dtype))
             start += n
         return self.tp.all_reduce(out)
+
+    def _triton_lora(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor | None:
+        assert self.lora is not None
+        gu, down = self.gate_up_proj, self.down_proj
+        return self.lora.triton_forward(x, gu, down, ids, weights, self.activation)
 
     def _padded(
         self,

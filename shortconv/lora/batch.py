@@ -52,7 +52,8 @@ class LoraBatch:
         self._graph_rows: dict[int, KernelRows] = {}
         self._graphed = False
         # Fused experts with adapter slots (lora.experts, bound at build) read each eager
-        # step's rows as a column mask [rows, rank * max_loras] and the slots in use.
+        # step's slots in use and, on the torch path, its rows as a column mask [rows,
+        # rank * max_loras] (the Triton path's read `kernel_rows`).
         self.experts = False
         self.expert_mask: torch.Tensor | None = None
         self.used_slots: tuple[int, ...] = ()
@@ -100,7 +101,7 @@ class LoraBatch:
         rank = step_rank(slots, self.slot_ranks)
         self.used_slots = tuple(sorted(set(slots) - {NO_ADAPTER})) if rank else ()
         self.expert_mask = None
-        if rank:
+        if rank and self.kernel is None:  # the Triton path's experts read kernel_rows
             ids = torch.tensor(slots, dtype=torch.int64)
             mask = ids[:, None] == stack_columns(self.max_loras, rank)[None, :]
             self.expert_mask = mask.to(device)

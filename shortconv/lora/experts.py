@@ -10,19 +10,28 @@ block's output afterwards: `FusedExperts` calls `add` on the rows of each expert
 Each expert's slots are stacked as the dense layers' are (lora.linear.LoraSlots): one shrink
 of the rows against every slot's A, a mask that keeps each row's own slot's columns, one
 expand (lora.delta.add_stacked).
+
+On the Triton fused-MoE path (CUDA, SHORTCONV_KERNELS=triton) the experts run as one
+`moe_lora_triton.fused_moe_lora_triton` instead: each (expert e, slot s) pair is one flat
+slot e * max_loras + s of the batched LoRA kernels, so the slots are stored slot-major per
+expert there (chosen at bind), and `flat` reads them as [E * max_loras, ...] views.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from shortconv.kernels import resolve_backend
+from shortconv.kernels.dispatch import _triton_or_none
+from shortconv.kernels.moe_lora_ref import ExpertLoraRows
 from shortconv.layers.experts import FusedExperts
 from shortconv.lora.batch import LoraBatch
 from shortconv.lora.delta import add_stacked
+from shortconv.lora.kernel import KernelRows
 
 
 @dataclass(frozen=True)
@@ -31,18 +40,29 @@ class ExpertLoraSlots:
     slot's rank. Stored per expert rank-major, A [E, max_rank, max_loras, in] and B [E, out,
     max_rank, max_loras], so expert e's first `rank` ranks of every slot are one [rank * n,
     in] A and one [out, rank * n] B (`stacked`, views), column rho * n + s being slot s's
-    rho-th rank, as lora.step.stack_columns numbers them."""
+    rho-th rank, as lora.step.stack_columns numbers them.
+
+    `flat` (the Triton path's layout, chosen at `empty`): the storage is slot-major per
+    expert instead, A [E, n, max_rank, in] and B [E, n, out, max_rank], and `a_store` /
+    `b_store` are views of it in the shapes above (loads write through them alike); `flat`
+    holds A [E * n, max_rank, in] and B [E * n, out, max_rank], flat slot e * n + s, the
+    layout the batched LoRA kernels read. None on the torch path."""
 
     a_store: torch.Tensor
     b_store: torch.Tensor
     ranks: list[int]
+    flat: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
-    def empty(cls, weight: torch.Tensor, batch: LoraBatch) -> ExpertLoraSlots:
+    def empty(cls, weight: torch.Tensor, batch: LoraBatch, flat: bool = False) -> ExpertLoraSlots:
         (e, out_f, in_f), n, r = weight.shape, batch.max_loras, batch.max_rank
-        a = torch.zeros(e, r, n, in_f, dtype=weight.dtype, device=weight.device)
-        b = torch.zeros(e, out_f, r, n, dtype=weight.dtype, device=weight.device)
-        return cls(a, b, [0] * n)
+        if not flat:
+            a = weight.new_zeros(e, r, n, in_f)
+            return cls(a, weight.new_zeros(e, out_f, r, n), [0] * n)
+        a_flat = weight.new_zeros(e, n, r, in_f)
+        b_flat = weight.new_zeros(e, n, out_f, r)
+        views = (a_flat.view(e * n, r, in_f), b_flat.view(e * n, out_f, r))
+        return cls(a_flat.permute(0, 2, 1, 3), b_flat.permute(0, 2, 3, 1), [0] * n, views)
 
     @property
     def num_experts(self) -> int:
@@ -87,12 +107,15 @@ class ExpertLoraSlots:
 class ExpertLoRA:
     """A `FusedExperts`' adapters, bound at build (`bind_expert_lora`). `refusal` says why
     this model's experts cannot take an adapter (an adapter that targets them is refused at
-    load: lora.install_experts); None where they can."""
+    load: lora.install_experts); None where they can. `moe_kernel`: the Triton path's
+    `fused_moe_lora_triton` (bound at build; the slots then hold the `flat` layout), None on
+    the torch path."""
 
     batch: LoraBatch
     gate_up: ExpertLoraSlots
     down: ExpertLoraSlots
     refusal: str | None
+    moe_kernel: Callable[..., torch.Tensor] | None = None
 
     def step_mask(self) -> torch.Tensor | None:
         """This eager step's [rows, rank * n] column mask (lora.batch), or None when no row's
@@ -102,6 +125,37 @@ class ExpertLoRA:
         if mask is None or not any(self.gate_up.ranks[s] or self.down.ranks[s] for s in used):
             return None
         return mask
+
+    def triton_forward(
+        self,
+        x: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        activation: str,
+    ) -> torch.Tensor | None:
+        """The Triton path's experts with each row's adapter, or None when this step runs
+        the base experts alone: an eager step with no adapter on these experts in its rows.
+        A graph step always runs it (at the full max rank, from the static slot buffer)."""
+        rows = self._kernel_rows(x.shape[0])
+        if rows is None:
+            return None
+        assert self.moe_kernel is not None and self.gate_up.flat and self.down.flat
+        lora = ExpertLoraRows(
+            *self.gate_up.flat, *self.down.flat, rows.slots, rows.rank, self.batch.max_loras
+        )
+        return self.moe_kernel(x, gate_up, down, ids, weights, activation, lora)
+
+    def _kernel_rows(self, num_rows: int) -> KernelRows | None:
+        if not self.batch.graphed and not self._used():
+            return None
+        return self.batch.kernel_rows(num_rows)
+
+    def _used(self) -> bool:
+        """Some row of this eager step has an adapter that adapts these experts."""
+        gu, d = self.gate_up.ranks, self.down.ranks
+        return any(gu[s] or d[s] for s in self.batch.used_slots)
 
     def add(
         self, slots: ExpertLoraSlots, y: torch.Tensor, x: torch.Tensor, e: int, mask: torch.Tensor
@@ -129,14 +183,19 @@ class ExpertLoRA:
 
 
 def bind_expert_lora(model: nn.Module, batch: LoraBatch) -> None:
-    """Give every `FusedExperts` of `model` its adapter slots (at build, weights unloaded)."""
+    """Give every `FusedExperts` of `model` its adapter slots (at build, weights unloaded),
+    in the layout of the path its experts run (the Triton fused MoE, or the torch paths)."""
     for m in model.modules():
         if isinstance(m, FusedExperts):
+            device = m.gate_up_proj.device
+            on_triton = resolve_backend(device) == "triton"
+            mod = _triton_or_none(device, "moe_lora_triton") if on_triton else None
             refusal = None
-            if resolve_backend(m.gate_up_proj.device) == "triton":
-                refusal = (
-                    "the Triton fused-MoE path (CUDA, SHORTCONV_KERNELS=triton) has no expert LoRA"
-                )
-            gate_up = ExpertLoraSlots.empty(m.gate_up_proj, batch)
-            m.lora = ExpertLoRA(batch, gate_up, ExpertLoraSlots.empty(m.down_proj, batch), refusal)
+            if on_triton and mod is None:
+                refusal = "the fused MoE fell back to its torch reference, which has no LoRA"
+            kernel = mod.fused_moe_lora_triton if mod is not None else None
+            flat = kernel is not None
+            gate_up = ExpertLoraSlots.empty(m.gate_up_proj, batch, flat)
+            down = ExpertLoraSlots.empty(m.down_proj, batch, flat)
+            m.lora = ExpertLoRA(batch, gate_up, down, refusal, kernel)
             batch.experts = True

@@ -6,13 +6,25 @@ engine does not serve is refused at load, leaving the engine as it was."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from lora_adapters import EXPERT_PARAMS, make_adapter
-from lora_runs import MAX_NEW, PROMPTS, adapter_dirs, check_mixed_batch, make_oracles, run_all
+from lora_runs import (
+    MAX_NEW,
+    PROMPTS,
+    adapter_dirs,
+    check_mixed_batch,
+    make_oracles,
+    mixed_refs,
+    run_all,
+)
 from oracle import assert_matches_oracle, oracle_greedy
+from triton_path import force_triton_path
 
 from shortconv import LLM
 from shortconv.configs.config import ModelConfig
@@ -135,14 +147,90 @@ def test_experts_that_cannot_take_an_adapter_refuse_it_at_load(setup: tuple) -> 
     _assert_unchanged(llm, names, before)
 
 
-def test_the_triton_path_binds_a_refusal(setup: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_triton_path_binds_the_kernel_and_the_flat_layout(
+    setup: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the Triton backend the experts bind the fused MoE with LoRA and store each
+    (expert, slot) pair as flat slot e * max_loras + s: a load written through the
+    rank-major view lands there."""
+    pytest.importorskip("triton")
+    from shortconv.kernels.moe_lora_triton import fused_moe_lora_triton
+
     _, _, _, root = setup
     monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
     cfg = ModelConfig.from_dir(root / "base")
     model = build_model(model_class(cfg.arch), cfg, ParallelContext(), "cpu", torch.float32)
-    bind_expert_lora(model, LoraBatch(2, 4, torch.device("cpu")))
-    refusals = {t.refusal for t in expert_targets(model).values()}
-    assert len(refusals) == 1 and "Triton fused-MoE path" in str(refusals.pop())
+    bind_expert_lora(model, LoraBatch(3, 4, torch.device("cpu")))
+    targets = expert_targets(model)
+    assert targets and {t.refusal for t in targets.values()} == {None}
+    m = next(m for m in model.modules() if isinstance(m, FusedExperts))
+    assert m.lora is not None and m.lora.moe_kernel is fused_moe_lora_triton  # type: ignore[attr-defined]
+    slots = m.lora.gate_up
+    num_e, (out_f, in_f) = slots.num_experts, slots.local_shape()
+    a, b = torch.randn(2 * num_e, in_f), torch.randn(out_f, 2 * num_e)
+    slots.write(1, a, b, 0.5)
+    a_flat, b_flat = slots.flat
+    for e in range(num_e):
+        assert torch.equal(a_flat[e * 3 + 1, :2], a[2 * e : 2 * e + 2])
+        assert torch.equal(b_flat[e * 3 + 1, :, :2], b[:, e::num_e] * 0.5)
+        assert not a_flat[e * 3 + 2].any() and not b_flat[e * 3].any()
+
+
+def _triton_llm(
+    root: Path, names: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, **graphs: Any
+) -> tuple[LLM, Counter[str]]:
+    """An engine on SHORTCONV_KERNELS=triton under the interpreter (tests/triton_path.py: the
+    torch expert paths raise), and the counts of the Triton kernels it then calls, the fused
+    MoE with LoRA among them (`moe_lora`; the experts bind it at build, so spied first)."""
+    pytest.importorskip("triton")
+    from shortconv.kernels import moe_lora_triton
+
+    calls = force_triton_path(monkeypatch)
+    real = moe_lora_triton.fused_moe_lora_triton
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls["moe_lora"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(moe_lora_triton, "fused_moe_lora_triton", spy)
+    modules = {n: str(root / n) for n in names}
+    base = root / "base"
+    llm = LLM(base, dtype="float32", enable_lora=True, max_loras=3, lora_modules=modules, **graphs)
+    return llm, calls
+
+
+def test_triton_path_adapter_alone_matches_peft(
+    setup: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SHORTCONV_KERNELS=triton, eager: the adapter on the experts and every dense
+    projection equals PEFT, its experts run by the fused MoE with LoRA."""
+    arch, _, oracles, root = setup
+    ref = oracle_greedy(oracles["all"], PROMPTS[0], MAX_NEW)  # before SDPA is patched away
+    llm, calls = _triton_llm(root, ("all",), monkeypatch)
+    try:
+        ours = run_all(llm.engine, [(PROMPTS[0], "all")])[0]
+        assert_matches_oracle(ours, ref, f"{arch} on the Triton path: expert adapter alone")
+        assert calls["moe_lora"] > 0
+    finally:
+        llm.shutdown()
+
+
+def test_triton_path_mixed_batch_with_graphs_matches_peft(
+    setup: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SHORTCONV_KERNELS=triton, graphs on: three expert adapters and the bare base in one
+    batch (eager mixed prefill, then captured decode from the static slot buffer), each row
+    equal to its own adapter's PEFT oracle, the base row to the base."""
+    arch, _, oracles, root = setup
+    refs = mixed_refs(oracles)
+    llm, calls = _triton_llm(root, ("a0", "a1", "a2"), monkeypatch, **GRAPHS)
+    try:
+        check_mixed_batch(llm.engine, oracles, f"{arch} on the Triton path with graphs", refs)
+        stats = llm.engine.executor.graph_stats()
+        assert stats is not None and stats.replays > 0
+        assert calls["moe_lora"] > 0
+    finally:
+        llm.shutdown()
 
 
 def test_graph_captured_decode_matches_peft(setup: tuple) -> None:

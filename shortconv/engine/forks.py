@@ -29,6 +29,7 @@ def make_forks(parent: Request) -> None:
             source=parent,
             lora_slot=parent.lora_slot,
             lora_key=parent.lora_key,
+            lora_name=parent.lora_name,
         )
         for i in range(parent.params.n)
     ]

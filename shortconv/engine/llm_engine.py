@@ -298,6 +298,8 @@ class LLMEngine:
                 self.scheduler.finish(req, FinishReason.STOP, keep_state=last)
                 break
         self._counts["generation"] += len(out.new_token_ids)
+        if self.loras is not None:
+            self.loras.counters.generated(req.lora_name, len(out.new_token_ids))
         if req.finished:
             out.finish_reason = req.finish_reason
             self._count_finished(req.finish_reason)

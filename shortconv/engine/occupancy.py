@@ -76,6 +76,7 @@ def _lora_stats(loras: EngineLoras | None) -> dict[str, Any]:
     return {
         "lora_adapters_resident": len(loras.slots.resident),
         "lora_requests": dict(c.requests),
+        "lora_generation_tokens": dict(c.tokens),
         "lora_loads": c.loads,
         "lora_unloads": c.unloads,
         "lora_evictions": c.evictions,

@@ -64,9 +64,11 @@ class Request:
     forks: list[Request] = field(default_factory=list)  # a parent: its forks, by index
     source: Request | None = None  # a fork not admitted yet: the parent whose state it copies
     # LoRA: the adapter's slot (-1: none) and its load's key (0: none), which every kept-state
-    # key carries (`adapter_keys`), so no state is shared across adapters.
+    # key carries (`adapter_keys`), so no state is shared across adapters; its name labels the
+    # request's generated tokens in the metrics.
     lora_slot: int = -1
     lora_key: int = 0
+    lora_name: str | None = None
 
     @cached_property
     def prompt_key_ids(self) -> list[int]:

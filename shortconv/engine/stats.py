@@ -70,6 +70,7 @@ class EngineStats:
     # from their slot (LRU) since start-up, and loads refused by reason.
     lora_adapters_resident: int = 0
     lora_requests: dict[str, int] = field(default_factory=dict)
+    lora_generation_tokens: dict[str, int] = field(default_factory=dict)
     lora_loads: int = 0
     lora_unloads: int = 0
     lora_evictions: int = 0

@@ -27,12 +27,20 @@ class LoraCounters:
         default_factory=lambda: Counter(dict.fromkeys(LORA_LOAD_REFUSALS, 0))
     )
     requests: Counter[str] = field(default_factory=lambda: Counter({BASE: 0}))
+    tokens: Counter[str] = field(default_factory=lambda: Counter({BASE: 0}))
 
     def named(self, name: str) -> None:
         """Give `name` its own series at 0 (at its load), while there is room."""
         if name not in self.requests and len(self.requests) <= MAX_NAMED:
-            self.requests[name] = 0
+            self.requests[name] = self.tokens[name] = 0
 
     def request(self, name: str | None) -> None:
+        self.requests[self._label(name)] += 1
+
+    def generated(self, name: str | None, n: int) -> None:
+        """`n` tokens generated under `name` (None: the base)."""
+        self.tokens[self._label(name)] += n
+
+    def _label(self, name: str | None) -> str:
         label = BASE if name is None else name
-        self.requests[label if label in self.requests else OTHER] += 1
+        return label if label in self.requests else OTHER

@@ -68,7 +68,7 @@ class EngineLoras:
 
     def bind(self, req: Request, name: str) -> None:
         """Point `req` at `name`'s slot (written back first if it was evicted)."""
-        req.lora_key = self.slots.get(name).key
+        req.lora_key, req.lora_name = self.slots.get(name).key, name
         req.lora_slot = self._resident_slot(name)
         self.counters.request(name)
 

@@ -1,5 +1,5 @@
-"""The multi-LoRA metrics (docs/lora.md): adapters resident, requests by adapter, loads,
-unloads, evictions and refused loads. Part of shortconv.metrics.defs.METRICS."""
+"""The multi-LoRA metrics (docs/lora.md): adapters resident, requests and generated tokens by
+adapter, loads, unloads, evictions and refused loads. Part of shortconv.metrics.defs.METRICS."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ LORA_METRICS: tuple[MetricDef, ...] = (
         "engine.lora_requests",
         'Requests by LoRA adapter name ("" = the base model; series from each adapter\'s load, '
         'kept after its unload; past 64 names, "_other").',
+        "lora",
+    ),
+    metric(
+        "counter",
+        "lora_generation_tokens_total",
+        "engine.lora_generation_tokens",
+        "Generated tokens by LoRA adapter name (labels as lora_requests_total).",
         "lora",
     ),
     metric("counter", "lora_loads_total", "engine.lora_loads", "LoRA adapters loaded."),

@@ -86,6 +86,10 @@ def test_lora_metrics_follow_loads_requests_evictions_and_unloads(
     assert m[("shortconv_lora_requests_total", "")] == 1
     assert m[("shortconv_lora_requests_total", "a1")] == 0
     assert m[("shortconv_lora_evictions_total", "")] == 2
+    # GREEDY's 3 tokens a request, under the adapter that generated them
+    assert m[("shortconv_lora_generation_tokens_total", "a0")] == 6
+    assert m[("shortconv_lora_generation_tokens_total", "")] == 3
+    assert m[("shortconv_lora_generation_tokens_total", "a1")] == 0
 
     llm.engine.unload_lora("a0")
     m = _scrape(server)

@@ -1,14 +1,16 @@
-"""Verify-step cost against a decode step, with and without the CPU verify-row conv path, in
-one process (A/B on a shared machine).
+"""Verify-step cost against a decode step, with and without the verify step's once-per-step
+resolution, in one process (A/B on a shared machine).
 
     .venv/bin/python bench/spec_verify_ab.py --shape lfm2-350m --threads 2 --quantizations none,int8
 
 One engine per weight kind, one request with the 128-token prompt of bench/spec_decode.py;
-rounds alternate decode steps (speculation off), verify steps of exactly k + 1 tokens with
-the short conv's equal-rows CPU path (`kernels/conv1d_verify_cpu.py`, the default), and the
-same verify steps with the layers bound to the reference (`conv1d_ref.causal_conv1d_fn_ref`,
-what every verify step ran before). Prints the lower quartile of each kind's step times (load
-only adds time) and each verify kind's ratio to the decode step.
+rounds alternate decode steps (speculation off), verify steps of exactly k + 1 tokens as the
+step resolves them (`StepTensors.verify`: each short conv's checkpoints and state in one
+scatter, `conv1d_verify_cpu.verify_conv1d_cpu`), and the same verify steps with that
+resolution off (`step_inputs.build_verify_rows` returns None: each layer writes its
+checkpoints and checks its rows itself, what every verify step ran before). Prints the lower
+quartile of each kind's step times (load only adds time) and each verify kind's ratio to the
+decode step.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from offline import SHAPES  # noqa: E402
 from spec_decode import PROMPT, _engine, _force_proposals, step_times  # noqa: E402
 from spec_profile import step_args  # noqa: E402
 
-import shortconv.layers.short_conv as short_conv  # noqa: E402
-from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref  # noqa: E402
+import shortconv.execution.step_inputs as step_inputs  # noqa: E402
 from shortconv.tiny.checkpoint import make_tiny_checkpoint  # noqa: E402
+
+
+def _unresolved(plan: object, device: object) -> None:
+    return None
 
 
 def _q25(xs: list[float]) -> float:
@@ -42,13 +47,13 @@ def main() -> None:
     if args.cpu_time:
         spec_decode.time.perf_counter = time.process_time
     arch, overrides = SHAPES[args.shape]
-    fast = short_conv.causal_conv1d_fn
+    resolved = step_inputs.build_verify_rows
     rng = random.Random(0)
     clock = "process CPU" if args.cpu_time else "wall"
     print(
         f"# {args.shape}, threads {args.threads}, k = {args.k}; {clock} ms a step (lower quartile)"
     )
-    print("| weights | decode | verify, ref conv | verify, verify-row conv |")
+    print("| weights | decode | verify, per-layer | verify, resolved per step |")
     print("| --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_checkpoint(arch, Path(tmp) / "ckpt", overrides, seed=0)
@@ -57,16 +62,18 @@ def main() -> None:
             _force_proposals(llm, args.k)
             vocab = llm.engine.model_cfg.vocab_size
             prompt = [rng.randrange(3, vocab) for _ in range(PROMPT)]
-            times: dict[str, list[float]] = {"decode": [], "ref": [], "fast": []}
+            times: dict[str, list[float]] = {"decode": [], "per_layer": [], "resolved": []}
             for r in range(args.rounds + 1):
                 for kind in times:
-                    short_conv.causal_conv1d_fn = causal_conv1d_fn_ref if kind == "ref" else fast
+                    step_inputs.build_verify_rows = (  # type: ignore[assignment]
+                        _unresolved if kind == "per_layer" else resolved
+                    )
                     got = step_times(llm, prompt, args.steps, kind != "decode")
                     if r:  # round 0 warms up
                         times[kind] += got
-            short_conv.causal_conv1d_fn = fast
+            step_inputs.build_verify_rows = resolved
             llm.shutdown()
-            d, ref, new = (_q25(times[k]) * 1e3 for k in ("decode", "ref", "fast"))
+            d, ref, new = (_q25(times[k]) * 1e3 for k in ("decode", "per_layer", "resolved"))
             print(f"| {q} | {d:.1f} | {ref:.1f} ({ref / d:.2f}x) | {new:.1f} ({new / d:.2f}x) |")
 
 

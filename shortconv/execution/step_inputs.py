@@ -35,9 +35,14 @@ from dataclasses import dataclass
 import torch
 
 from shortconv.engine.plan import SeqChunk, StepPlan
-from shortconv.execution.state_checkpoints import build_state_checkpoints
+from shortconv.execution.state_checkpoints import build_state_checkpoints, build_verify_rows
 from shortconv.execution.step_layout import StepLayout, cdiv, check_tables, host_values
-from shortconv.execution.step_tensors import StateCheckpoints, StepTensors, WindowTables
+from shortconv.execution.step_tensors import (
+    StateCheckpoints,
+    StepTensors,
+    VerifyRows,
+    WindowTables,
+)
 
 _Fields = dict[str, torch.Tensor]  # a step's primary fields, views of one flat block
 
@@ -135,6 +140,7 @@ class StepInputs:
             max_seq_len=max_l,
             is_decode=plan.is_decode,
             checkpoints=build_state_checkpoints(plan, self.device),
+            verify=build_verify_rows(plan, self.device),
         )
         self._derive(step, dev, known_width=True)
         return step
@@ -232,6 +238,7 @@ class StepInputs:
         max_seq_len: int,
         is_decode: bool,
         checkpoints: StateCheckpoints | None = None,
+        verify: VerifyRows | None = None,
     ) -> StepTensors:
         t, b, p = layout.tokens, layout.seqs, layout.pages
         tables = [
@@ -260,6 +267,7 @@ class StepInputs:
             page_size=self.page_size,
             checkpoints=checkpoints,
             windows=windows,
+            verify=verify,
         )
 
     def _derive(self, step: StepTensors, f: _Fields, known_width: bool) -> None:

@@ -19,6 +19,18 @@ class StateCheckpoints:
 
 
 @dataclass(frozen=True)
+class VerifyRows:
+    """A verify-shaped step, resolved once per step so no layer re-derives it: every row
+    resumes its state with exactly `width` tokens (its last token and k = width - 1
+    proposals) and its checkpoints are its k spec slots at lengths 1..k, in order.
+    `state_slots` int64 [B * width]: per row its spec slots then its live slot, i.e. where the
+    state after each of its positions 1..width goes (one scatter a layer writes them all)."""
+
+    width: int
+    state_slots: torch.Tensor
+
+
+@dataclass(frozen=True)
 class WindowTables:
     """A sliding-window KV group's own indices: slot_mapping int64 [T] into the group's pages
     and block_tables int32 [B, P] (scratch page 0 for pages behind every window)."""
@@ -42,6 +54,7 @@ class StepTensors:
     prefix-cache checkpoints inside chunks (None on most steps, always in a captured graph).
     `slot_mapping` and `block_tables` are KV group 0's; `windows` holds the sliding-window
     groups' (`cache.kv_groups` 1..), which the backend swaps in for those groups' layers.
+    `verify`: an eager verify-shaped step's rows (`VerifyRows`); None on any other step.
 
     Every attention path reads the context through block_tables and seq_lens; the torch path
     derives its dense gather and mask from them (`kernels.attention_dense`).
@@ -68,3 +81,4 @@ class StepTensors:
     page_size: int
     checkpoints: StateCheckpoints | None = None
     windows: tuple[WindowTables, ...] = ()
+    verify: VerifyRows | None = None

@@ -17,6 +17,7 @@ from shortconv.kernels.dispatch import (
     cca_prev_value_fn,
     cca_prev_value_update,
     fused_moe,
+    fused_verify_conv,
     paged_attention,
     resolve_backend,
     write_kv,
@@ -33,5 +34,6 @@ __all__ = [
     "paged_attention",
     "resolve_backend",
     "fused_moe",
+    "fused_verify_conv",
     "write_kv",
 ]

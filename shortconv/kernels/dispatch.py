@@ -140,6 +140,13 @@ cca_conv_update = _entry("cca_conv_update", cca_conv_update_ref, "cca_triton", c
 fused_moe = _entry("fused_moe", fused_moe_ref, "moe_triton")
 
 
+def fused_verify_conv(device: torch.device) -> bool:
+    """Whether a verify step's short conv on `device` runs `conv1d_verify_cpu.verify_conv1d_cpu`
+    (its checkpoints and state in one scatter): CPU tensors on the torch backend. Elsewhere the
+    layer writes its checkpoints and runs `causal_conv1d_fn`."""
+    return device.type == "cpu" and _triton_or_none(device, "conv1d_triton") is None
+
+
 # NOTE: ZAYA1's previous-token value is a gather plus a row scatter with no arithmetic, which
 # the torch reference already does graph-safely in a few launches; it has no Triton twin, so
 # these names run the torch code on every backend: the prefill one the reference, the decode

@@ -6,10 +6,11 @@ import torch
 from torch import nn
 
 from shortconv.configs.config import ModelConfig
-from shortconv.execution.backend import BaseStateBackend
+from shortconv.execution.backend import BaseStateBackend, ShortConvMetadata
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.state_checkpoints import checkpoint_state
-from shortconv.kernels import causal_conv1d_fn, causal_conv1d_update
+from shortconv.kernels import causal_conv1d_fn, causal_conv1d_update, fused_verify_conv
+from shortconv.kernels.conv1d_verify_cpu import verify_conv1d_cpu
 from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, mark_shard
 
 
@@ -34,14 +35,18 @@ class ShortConv(nn.Module):
                 bu, md.conv_state, self.conv_weight, self.conv_bias, md.cache_indices
             )
         else:
-            checkpoint_state(bu.transpose(0, 1), md.conv_state, md.step)
-            y = causal_conv1d_fn(
-                bu.transpose(0, 1),
-                self.conv_weight,
-                self.conv_bias,
-                md.conv_state,
-                md.query_start_loc,
-                md.cache_indices,
-                md.has_initial_state,
-            ).transpose(0, 1)
+            y = self._extend(bu.transpose(0, 1), md).transpose(0, 1)
         return self.out_proj(c * y)
+
+    def _extend(self, x: torch.Tensor, md: ShortConvMetadata) -> torch.Tensor:
+        """A prefill or verify step's conv of x [dim, T], its checkpoints written."""
+        w, b, state = self.conv_weight, self.conv_bias, md.conv_state
+        if (rows := md.step.verify) is not None and fused_verify_conv(x.device):
+            # A verify step resolved once (`StepTensors.verify`): no per-layer row checks, and
+            # its checkpoints and state in one scatter.
+            slots = md.cache_indices
+            return verify_conv1d_cpu(x, w, b, state, slots, rows.width, rows.state_slots)
+        checkpoint_state(x, state, md.step)
+        return causal_conv1d_fn(
+            x, w, b, state, md.query_start_loc, md.cache_indices, md.has_initial_state
+        )

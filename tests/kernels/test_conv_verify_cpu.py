@@ -9,12 +9,14 @@ import torch
 
 import shortconv.kernels.conv1d_verify_cpu as verify_cpu
 from shortconv.kernels.conv1d_ref import causal_conv1d_fn_ref
-from shortconv.kernels.conv1d_verify_cpu import causal_conv1d_fn_cpu
+from shortconv.kernels.conv1d_verify_cpu import causal_conv1d_fn_cpu, verify_conv1d_cpu
+from shortconv.kernels.state_checkpoint import save_state_checkpoints
+from shortconv.kernels.state_checkpoint_ref import save_state_checkpoints_ref
 
 
-def _case(lens: list[int], width: int, resumed: list[bool], seed: int) -> tuple:
+def _case(lens: list[int], width: int, resumed: list[bool], seed: int, n_slots: int = 9) -> tuple:
     g = torch.Generator().manual_seed(seed)
-    dim, n_slots = 12, 9
+    dim = 12
     x = torch.randn(sum(lens), dim, generator=g).t()  # [dim, T], strided like the layer's
     weight = torch.randn(dim, width, generator=g)
     bias = torch.randn(dim, generator=g)
@@ -62,3 +64,36 @@ def test_fast_path_taken_only_when_rows_match(monkeypatch: pytest.MonkeyPatch) -
     x2, w2, b2, s2, q2, sl2, i2 = _case([5, 4], 3, [True, True], seed=1)
     causal_conv1d_fn_cpu(x2, w2, b2, s2, q2, sl2, i2)
     assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [2, 3, 4, 8])
+@pytest.mark.parametrize("lens", [[5], [3, 3, 3], [2, 2]])
+def test_fused_verify_conv_is_the_per_layer_path_bit_for_bit(
+    lens: list[int], width: int, dtype: torch.dtype
+) -> None:
+    """One scatter of every verify state equals the per-layer path it replaces (the spec-slot
+    checkpoints, then the conv that updates the live slots), bit for bit: outputs and every
+    slot of the pool; and its states equal the references' exactly."""
+    q, batch = lens[0], len(lens)
+    case = _case(lens, width, [True] * batch, seed=width * 10 + q, n_slots=batch * q + 3)
+    x, w, b, states, qsl, slots, init = (t.to(dtype) if t.is_floating_point() else t for t in case)
+    free = [s for s in range(1, states.shape[0]) if s not in slots.tolist()]
+    spec = torch.tensor(free[: batch * (q - 1)]).view(batch, q - 1)
+    ck_seq = torch.arange(batch).repeat_interleave(q - 1)
+    ck_len = torch.arange(1, q).repeat(batch)
+    ckpt = (ck_seq, ck_len, spec.reshape(-1))
+    state_slots = torch.cat([spec, slots[:, None]], dim=1).reshape(-1)
+
+    want_states, ref_states, got_states = states.clone(), states.clone(), states.clone()
+    save_state_checkpoints(x, want_states, qsl, slots, init, *ckpt)
+    want = causal_conv1d_fn_cpu(x, w, b, want_states, qsl, slots, init)
+    save_state_checkpoints_ref(x, ref_states, qsl, slots, init, *ckpt)
+    ref = causal_conv1d_fn_ref(x, w, b, ref_states, qsl, slots, init)
+    got = verify_conv1d_cpu(x, w, b, got_states, slots, q, state_slots)
+
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    assert torch.equal(got_states, want_states) and torch.equal(got_states, ref_states)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+    assert not torch.equal(got_states, states)  # it wrote something

@@ -136,6 +136,13 @@ def _decode_attention(
     return out.view(g, num_heads, head_dim)
 
 
+def _uniform_chunks(single: _Group | None, g: int, max_q: int, num_tokens: int) -> bool:
+    """Every row a chunk of the same length (a speculative verify step, or equal prefill
+    chunks): the padded layout is q itself, in order, so the general path's zero row, gather
+    and scatter are identities; the same values in the same layout reach SDPA either way."""
+    return single is None and g * max_q == num_tokens
+
+
 def paged_attention_cpu(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -175,11 +182,20 @@ def paged_attention_cpu(
     keys = _gathered(k_cache, rows, "k", scratch)
     values = _gathered(v_cache, rows, "v", scratch)
     g, max_q = multi.seqs.numel(), step.max_query_len
-    q_rows = torch.cat([q, q.new_zeros(1, num_heads, head_dim)], dim=0)
-    q_pad = q_rows[multi.q_rows].view(g, max_q, num_heads, head_dim).transpose(1, 2)
-    mask = dense.attn_mask[multi.seqs, :, : multi.max_len][:, None]
+    mask = scratch.per_step(
+        ("multi_mask", window), lambda: dense.attn_mask[multi.seqs, :, : multi.max_len][:, None]
+    )
+    uniform = _uniform_chunks(single, g, max_q, num_tokens)
+    if uniform:
+        q_pad = q.contiguous().view(g, max_q, num_heads, head_dim).transpose(1, 2)
+    else:
+        q_rows = torch.cat([q, q.new_zeros(1, num_heads, head_dim)], dim=0)
+        q_pad = q_rows[multi.q_rows].view(g, max_q, num_heads, head_dim).transpose(1, 2)
     res = F.scaled_dot_product_attention(
         q_pad, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != num_heads
     )
-    out[multi.tokens] = res.transpose(1, 2).reshape(g * max_q, num_heads, head_dim)[multi.unpad]
+    padded = res.transpose(1, 2).reshape(g * max_q, num_heads, head_dim)
+    if uniform:
+        return padded
+    out[multi.tokens] = padded[multi.unpad]
     return out

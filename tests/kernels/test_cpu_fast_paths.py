@@ -198,6 +198,36 @@ def test_cpu_attention_path_matches_the_reference(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("starts", [[12], [5, 17, 30]], ids=["one", "three"])
+def test_uniform_chunks_take_q_as_is_and_equal_the_general_path(
+    starts: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verify-shaped steps (every row 5 queries): the result equals the reference, and the
+    general path (zero row, gather, scatter) bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    hq, hk, d = 8, 2, 16
+    step = StepInputs(PAGE, torch.device("cpu")).build(plan_of(starts, [5] * len(starts)))
+    k_cache = torch.randn(200 * PAGE, hk, d, generator=g)
+    v_cache = torch.randn(200 * PAGE, hk, d, generator=g)
+    # q as a column slice of a fused projection's output (not contiguous), as layers pass it
+    q = torch.randn(step.num_tokens, 3 * hq * d, generator=g)[:, : hq * d].view(-1, hq, d)
+    calls: list[bool] = []
+    real = attention_cpu._uniform_chunks
+
+    def spy(*args: Any) -> bool:
+        calls.append(real(*args))
+        return calls[-1]
+
+    monkeypatch.setattr(attention_cpu, "_uniform_chunks", spy)
+    got = paged_attention_cpu(q, k_cache, v_cache, step, d**-0.5, StepScratch())
+    assert calls == [True]
+    want = paged_attention_ref(q, k_cache, v_cache, step, d**-0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(attention_cpu, "_uniform_chunks", lambda *_: False)
+    general = paged_attention_cpu(q, k_cache, v_cache, step, d**-0.5, StepScratch())
+    assert torch.equal(got, general)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "slot_list,fast",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shortconv.configs.config import EngineConfig
+from shortconv.configs.config import EngineConfig, ModelConfig
 from shortconv.engine import tokenizer as toks
 from shortconv.engine.llm_engine import LLMEngine
 from shortconv.engine.outputs import FinishReason
@@ -217,11 +217,22 @@ def test_prefix_cache_hit_after_speculation(ckpt: Path) -> None:
 GRAPHS = {"enable_graphs": True, "graph_batch_sizes": (1, 2, 4), "graph_context_sizes": (32, 64)}
 
 
-def test_graph_captured_verify_equals_speculation_off(ckpt: Path) -> None:
+def other_arch_draft(ckpt: Path, out: Path) -> dict[str, object]:
+    """A draft_model config whose draft is of another architecture than `ckpt`'s: ZAYA1 (CCA)
+    for every target but ZAYA1, LFM2 for it."""
+    other = "lfm2" if ModelConfig.from_dir(ckpt).arch == "zaya1" else "zaya1"
+    draft = make_ckpt(other, out / f"draft-{other}")
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_graph_captured_verify_equals_speculation_off(
+    ckpt: Path, method: str, tmp_path: Path
+) -> None:
     """Graphs on: full-width verify steps replay the verify ladder's buckets (counted), and
     output is what speculation off gives (one request, then a batch that mixes widths)."""
     ref = run(engine(ckpt, None, **GRAPHS), PROMPTS[:1] + PROMPTS, GREEDY)
-    eng = engine(ckpt, SPEC, **GRAPHS)
+    eng = engine(ckpt, SPEC if method == "ngram" else other_arch_draft(ckpt, tmp_path), **GRAPHS)
     ours = run(eng, PROMPTS[:1], GREEDY)
     ours.outputs += run(eng, PROMPTS, GREEDY).outputs
     assert_same(ours, ref)

@@ -53,27 +53,49 @@ def tiny(arch: str, out: Path) -> Path:
     return make_tiny_checkpoint(arch, out / arch, overrides, seed=11, with_tokenizer=False)
 
 
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("triton_spec")
+    return {arch: tiny(arch, base) for arch in OVERRIDES}
+
+
+@pytest.fixture(scope="module")
+def refs() -> dict[str, list[list[int]]]:
+    """Each target's output with speculation off on the Triton path, filled by the first test
+    that needs it (the interpreter makes each run cost seconds)."""
+    return {}
+
+
+def reference(arch: str, paths: dict[str, Path], refs: dict[str, list[list[int]]]) -> list:
+    if arch not in refs:
+        refs[arch] = generate(paths[arch], None)[0]
+    return refs[arch]
+
+
 @pytest.mark.parametrize("arch", sorted(OVERRIDES))
 def test_verify_rows_on_the_triton_path(
-    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    arch: str, paths: dict[str, Path], refs: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tiny(arch, tmp_path)
     calls: Counter[str] = force_triton_path(monkeypatch)
-    ref, _, _ = generate(path, None)
-    ours, proposed, accepted = generate(path, SPEC)
+    ref = reference(arch, paths, refs)
+    ours, proposed, accepted = generate(paths[arch], SPEC)
     assert ours == ref
     assert 0 < accepted < proposed, (proposed, accepted)
     assert calls["paged_attention_extend_triton"] > 0, calls
 
 
-def test_a_draft_model_on_the_triton_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """LFM2 target, ZAYA1 draft: both the target's verify rows and the draft's catch-up and
-    proposal forwards run the Triton kernels."""
-    target, draft = tiny("lfm2", tmp_path), tiny("zaya1", tmp_path)
+@pytest.mark.parametrize("arch", sorted(OVERRIDES))
+def test_a_draft_model_on_the_triton_path(
+    arch: str, paths: dict[str, Path], refs: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each target with a draft of another architecture (ZAYA1; LFM2 for ZAYA1): both the
+    target's verify rows and the draft's catch-up and proposal forwards run the Triton
+    kernels."""
+    draft = paths["lfm2" if arch == "zaya1" else "zaya1"]
     calls: Counter[str] = force_triton_path(monkeypatch)
-    ref, _, _ = generate(target, None)
+    ref = reference(arch, paths, refs)
     spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
-    ours, proposed, accepted = generate(target, spec)
+    ours, proposed, accepted = generate(paths[arch], spec)
     assert ours == ref
     assert 0 < accepted < proposed, (proposed, accepted)
     assert calls["paged_attention_extend_triton"] > 0, calls

@@ -15,8 +15,6 @@ from dataclasses import dataclass, replace
 import jsonschema
 import pytest
 from lfm3_vl_inputs import Lfm3VlCase, Pic
-from test_spec_decode import GRAPHS, assert_nothing_held, cut_points, first_stop_string
-from test_spec_grammar import CASES, SHOWN
 from vision_inputs import Image, engine_images, pixels, prompt
 
 from shortconv.configs.hf.processors import load_processor
@@ -25,6 +23,8 @@ from shortconv.engine.outputs import FinishReason, RequestOutput
 from shortconv.llm import build_engine
 from shortconv.sampling.sampling_params import InvalidRequest, SamplingParams
 from shortconv.tiny.vision import build_tokenizer
+from tests.engine.test_spec_decode import GRAPHS, assert_nothing_held, cut_points, first_stop_string
+from tests.engine.test_spec_grammar import CASES, SHOWN
 from tests.engine.test_spec_vision import VlModel, make_vl, spec_config, spec_counts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

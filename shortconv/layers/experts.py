@@ -101,7 +101,10 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if resolve_backend(x.device) == "triton":
-            y = self._triton_lora(x, ids, weights) if self.lora is not None else None
+            y = None
+            if self.lora is not None:
+                gu, down = self.gate_up_proj, self.down_proj
+                y = self.lora.triton_forward(x, gu, down, ids, weights, self.activation)
             if y is None:
                 y = fused_moe(x, self.gate_up_proj, self.down_proj, ids, weights, self.activation)
             return self.tp.all_reduce(y)
@@ -134,13 +137,6 @@ class FusedExperts(nn.Module):
                 out.index_add_(0, toks, y * w_sorted[start : start + n, None].to(x.dtype))
             start += n
         return self.tp.all_reduce(out)
-
-    def _triton_lora(
-        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
-    ) -> torch.Tensor | None:
-        assert self.lora is not None
-        gu, down = self.gate_up_proj, self.down_proj
-        return self.lora.triton_forward(x, gu, down, ids, weights, self.activation)
 
     def _padded(
         self,

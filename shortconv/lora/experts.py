@@ -121,10 +121,7 @@ class ExpertLoRA:
         """This eager step's [rows, rank * n] column mask (lora.batch), or None when no row's
         slot holds an adapter on these experts: the step then runs the base experts alone."""
         mask = self.batch.expert_mask
-        used = self.batch.used_slots
-        if mask is None or not any(self.gate_up.ranks[s] or self.down.ranks[s] for s in used):
-            return None
-        return mask
+        return mask if mask is not None and self._used() else None
 
     def triton_forward(
         self,

@@ -62,18 +62,33 @@ def startup_summary(
     }
 
 
-def share_the_gil(interval_ms: float) -> None:
-    """Set this process's GIL switch interval.
+# The GIL switch interval a replica sets when the engine steps on its thread.
+THREAD_ENGINE_GIL_MS = 0.5
 
-    Why: the engine thread releases the GIL inside every torch op and must take it back after
-    each one (over a thousand a decode step); meanwhile the replica's event loops (ours and
-    Serve's, Ray's callbacks) relay the previous step's tokens in Python. Whenever one of them
-    holds the GIL, the engine thread waits until it lets go or is made to, after the switch
-    interval: 5 ms by default, enough to turn a 1.3 ms GEMM into 18 ms against one busy Python
-    thread (0.5 ms: 1.4 ms; docs/serving_path.md). The event loops' work is short bursts, so a
-    shorter interval costs them little."""
-    sys.setswitchinterval(interval_ms / 1000.0)
-    serve_log.info("GIL switch interval %.2f ms", interval_ms)
+
+def gil_interval_ms(args: AppArgs) -> float | None:
+    """The replica's GIL switch interval: `gil_switch_interval_ms` when set; else None (keep
+    Python's 5 ms) where a core process runs the engine, since the replica's thread then only
+    waits on the pipe and relays (5 against 0.5 ms measured without a difference:
+    docs/serving_path.md); else the shorter interval of `share_the_gil`."""
+    if args.gil_switch_interval_ms is not None:
+        return args.gil_switch_interval_ms
+    return None if in_core(args) else THREAD_ENGINE_GIL_MS
+
+
+def share_the_gil(interval_ms: float | None) -> None:
+    """Set this process's GIL switch interval (None: leave Python's).
+
+    Why, for an engine on the replica's thread: that thread releases the GIL inside every
+    torch op and must take it back after each one (over a thousand a decode step); meanwhile
+    the replica's event loops (ours and Serve's, Ray's callbacks) relay the previous step's
+    tokens in Python. Whenever one of them holds the GIL, the engine thread waits until it
+    lets go or is made to, after the switch interval: 5 ms by default, enough to turn a 1.3 ms
+    GEMM into 18 ms against one busy Python thread (0.5 ms: 1.4 ms; docs/serving_path.md).
+    The event loops' work is short bursts, so a shorter interval costs them little."""
+    if interval_ms is not None:
+        sys.setswitchinterval(interval_ms / 1000.0)
+    serve_log.info("GIL switch interval %.2f ms", sys.getswitchinterval() * 1000.0)
 
 
 def in_core(args: AppArgs) -> bool:
@@ -144,7 +159,7 @@ class LLMServer(OpenAIReplica):
                 app_args.model_dump(), engine_factory, engine_threads(app_args)
             )
         with clock.phase("imports"):  # the engine's imports when it runs in this process
-            share_the_gil(app_args.gil_switch_interval_ms)
+            share_the_gil(gil_interval_ms(app_args))
             threads = engine_threads(app_args)
         # NOTE: loading happens off the event loop so the replica stays responsive to Serve.
         engine = await asyncio.to_thread(

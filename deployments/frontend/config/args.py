@@ -67,9 +67,11 @@ class AppArgs(EngineArgs):
     are rarely busy at once (a prefill and a decode replica), each may use every core while
     reserving a share. tp_size > 1 refuses it: each rank follows its own reservation.
     `gil_switch_interval_ms`: the replica process's `sys.setswitchinterval`, how long a Python
-    thread may keep the GIL while another waits for it (Python's default: 5 ms). The engine
-    thread waits for it after every op while Serve's event loops relay the last step's tokens,
-    so it is shorter by default (deployments/serve/server.py).
+    thread may keep the GIL while another waits for it (Python's default: 5 ms). None (default):
+    Python's own where the engine runs in a core process (the replica only relays; measured
+    without a difference in docs/serving_path.md), 0.5 ms where the engine steps on a thread of
+    the replica, which waits for the GIL after every op while Serve's event loops relay the
+    last step's tokens (deployments/serve/server.py).
     `engine_process`: run the engine (scheduler, cache manager, rank 0) in a core process of
     its own that the replica spawns and owns (deployments/frontend/engine/engine_core.py), so no
     Serve event
@@ -109,7 +111,7 @@ class AppArgs(EngineArgs):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(2, ge=1)
     images: ImageLimits = ImageLimits()  # chat image parts (deployments/frontend/images/limits.py)
-    gil_switch_interval_ms: float = Field(0.5, gt=0, le=100)
+    gil_switch_interval_ms: float | None = Field(None, gt=0, le=100)
     engine_process: bool = True
     engine_niceness: int = Field(0, ge=-20, le=19)
     runtime_lora_updating: bool = False

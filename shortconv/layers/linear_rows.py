@@ -13,9 +13,10 @@ Why a table measured per CPU family and not a calibration at start-up:
 
 Measured with `bench/cpu_gemm.py --crossover` (one thread, CPU time, every LFM2-350M linear
 shape, torch's linear as the engine binds it: oneDNN from 1M weights, F.linear below):
-- "avx512" / "avx512vnni" (Intel Xeon model 207, 2026-12-06): the tile is 1.05-1.96x torch at
-  1-8 rows on every shape, 1.03-1.26x at 10, 0.93-1.17x at 12, 0.82-0.99x at 16, 0.29-0.36x at
-  512. 8 rows is the largest count at which it wins on every shape.
+- "avx512" / "avx512vnni" (Intel Xeon model 207, 2026-12-06, after the tile kept its
+  accumulators in registers, cpu_gemm_f32_512.inc): the tile is 1.09-2.19x torch at 1-8 rows
+  on every shape, 1.31-1.60x at 12, 1.24-1.47x at 16, 1.16-1.28x at 32, 1.01-1.14x at 64
+  (before, same run: 0.53-0.66x at 32, 0.42-0.55x at 64): no slower at any count it serves.
 - "avx2" (AMD EPYC, 2026-12-03, bench/RESULTS.md): 1.2-1.9x oneDNN at 1-16 rows, 1.1x at 32,
   1.04x at 64 and 128 on the MLP weights; past 64 rows (prefill) oneDNN is kept.
 An AVX2-only Intel CPU takes the AVX2 row, unmeasured: oneDNN runs AVX2 code there too.
@@ -30,11 +31,10 @@ from shortconv.errors import ConfigError
 
 # fp32 tile set (kernels.cpu_gemm.set_isa's name) -> the most rows a batch may have to take our
 # tile; a batch with more goes through torch's linear (the layer's `larger` method).
-# NOTE: AVX-512 stays at 64, not its measured 8, for now. With 8, a session resumed from kept
-# state (a short suffix: tile) and the same prompt prefilled whole (torch's linear) rounded
-# differently, and the session-store and drain tests, which hold a resumed turn equal to a
-# fresh one in tokens and logprobs, failed (a logprob 1e-4 apart). A threshold below prefill
-# sizes needs those paths to share a kernel per row count first.
+# NOTE: the threshold cannot drop below prefill sizes: a session resumed from kept state (a
+# short suffix: tile) and the same prompt prefilled whole must round alike (the session-store
+# and drain tests hold a resumed turn equal to a fresh one in tokens and logprobs; with 8 on
+# AVX-512 a logprob came out 1e-4 apart). So the tile must win up to 64 rows, and it does.
 MEASURED_TILE_ROWS: Mapping[str, int] = MappingProxyType(
     {"avx2": 64, "avx512": 64, "avx512vnni": 64}
 )

@@ -8,7 +8,7 @@ installed and the engine never depends on the layers above it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,8 +42,10 @@ def build_engine(
     device: str | torch.device = "cpu",
     seed: int = 0,
     engine_config: EngineConfig | None = None,
+    executor_options: Mapping[str, object] | None = None,
 ) -> LLMEngine:
-    """Plan the worker spec, start its executor, and give both to a new engine.
+    """Plan the worker spec, start its executor (`executor_options`: RayExecutor's, with
+    tp_size > 1), and give both to a new engine.
 
     NOTE: the tokenizer loads on a thread of its own meanwhile. It is Python (seconds for a
     vocabulary of many added tokens: transformers deep-copies them), the weights' copy and the
@@ -51,7 +53,8 @@ def build_engine(
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
         tokenizer = pool.submit(Tokenizer.load, Path(model))
         spec = plan_worker_spec(model, engine_config, dtype, device, tp_size)
-        return LLMEngine(spec, build_executor(spec, tp_size), seed=seed, tokenizer=tokenizer)
+        executor = build_executor(spec, tp_size, **(executor_options or {}))
+        return LLMEngine(spec, executor, seed=seed, tokenizer=tokenizer)
 
 
 class LLM:

@@ -71,6 +71,20 @@ def serve_app(
             serve.shutdown()
 
 
+CORE = "deployments.frontend.engine.engine_core"  # the core's command line: python -m CORE
+CORE_KILL_OVERRIDES = {"num_replicas": 1, "health_check_period_s": 1, "health_check_timeout_s": 20}
+
+
+def short_completion(base: str) -> httpx.Response | None:
+    """A 6-token greedy completion of "hello", or None when it failed (a replica going)."""
+    body = {"prompt": "hello", "max_tokens": 6, "temperature": 0.0}
+    try:
+        r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+    except httpx.HTTPError:
+        return None
+    return r if r.status_code == 200 else None
+
+
 def stream_and_kill(
     http: httpx.Client, body: dict[str, Any], kill: Callable[[], None], after: int = 3
 ) -> tuple[list[str], float]:

@@ -87,9 +87,10 @@ class RayExecutor(BaseExecutor):
     """Owns `tp_size` TPWorker actors placed one per bundle of a placement group.
 
     Inside a Serve replica the workers go into the replica's placement group (bundle index =
-    rank); elsewhere the executor creates a STRICT_PACK group of its own. A worker that dies or
-    raises makes the next `execute` raise ExecutorError within `step_timeout_s`; the executor
-    then stays failed (its collectives are unusable) and releases its workers at once.
+    rank), which the replica's engine core process is given as `replica_group`; elsewhere
+    the executor creates a STRICT_PACK group of its own. A worker that dies or raises makes the
+    next `execute` raise ExecutorError within `step_timeout_s`; the executor then stays failed
+    (its collectives are unusable) and releases its workers at once.
 
     `dispatch="compiled"` (default) drives the ranks through a Ray Compiled Graph; "actor" uses
     one plain actor call per rank per step. On 2 CPU cores at tp_size=2 the compiled graph adds
@@ -105,6 +106,8 @@ class RayExecutor(BaseExecutor):
         num_cpus_per_worker: float = DEFAULT_WORKER_CPUS,
         step_timeout_s: float = 120.0,
         start_timeout_s: float = 300.0,
+        replica_group: PlacementGroup | None = None,
+        caller_cpus: float | None = None,
     ) -> None:
         # NOTE: every refusal happens before Ray is touched, so a bad tp_size costs nothing.
         check_support(spec.model_cfg, spec.device, tp_size, spec.engine_cfg.quantization)
@@ -124,7 +127,7 @@ class RayExecutor(BaseExecutor):
         self.last_message: StepDelta | None = None  # the latest step's message (tests, benches)
         self._owns_runtime = acquire_runtime(num_cpus=tp_size * num_cpus_per_worker)
         try:
-            self._start(spec.device.type, num_cpus_per_worker)
+            self._start(spec.device.type, num_cpus_per_worker, replica_group, caller_cpus)
             self._setup_workers(spec)
             cls = CompiledGraphDispatch if dispatch == "compiled" else ActorCallDispatch
             self._dispatch = cls(self.workers, step_timeout_s)
@@ -133,9 +136,17 @@ class RayExecutor(BaseExecutor):
             raise
 
     # ---- start-up ---------------------------------------------------------------------------
-    def _start(self, device_type: str, num_cpus: float) -> None:
+    def _start(
+        self,
+        device_type: str,
+        num_cpus: float,
+        group: PlacementGroup | None,
+        caller_cpus: float | None,
+    ) -> None:
+        """Place the ranks: in `group` (a replica's, given to its engine core process, which
+        holds `caller_cpus` of bundle 0), else in the caller's own group, else in a new one."""
         bundles = worker_bundles(self.tp_size, device_type, num_cpus)
-        pg = ray.util.get_current_placement_group()
+        pg = group if group is not None else ray.util.get_current_placement_group()
         if pg is None:
             pg, self._owns_pg = placement_group(bundles, strategy="STRICT_PACK"), True
         elif len(pg.bundle_specs) < self.tp_size:
@@ -149,7 +160,8 @@ class RayExecutor(BaseExecutor):
         # holds, less the caller's own share of bundle 0: the deployment sized the bundles.
         cpus = [num_cpus] * self.tp_size
         if not self._owns_pg:
-            cpus = bundle_cpus(pg.bundle_specs[: self.tp_size], reserved_cpus() or 0.0)
+            own = caller_cpus if caller_cpus is not None else reserved_cpus() or 0.0
+            cpus = bundle_cpus(pg.bundle_specs[: self.tp_size], own)
         actor_cls = ray.remote(TPWorker)
         for rank in range(self.tp_size):
             strategy = PlacementGroupSchedulingStrategy(

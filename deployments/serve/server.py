@@ -4,7 +4,7 @@ calls (deployments/frontend/openai/replica.py, implemented by OpenAIReplica); it
 The engine is injected (`engine_factory`, an import path), so the same deployment runs under a
 real `serve.run` with a fake engine in tests. With tp_size > 1 the executor's TP workers land in
 this replica's placement group (bundle index = rank), so a replica and its workers come and go
-together.
+together; with `engine_process` their driver (and owner) is the replica's engine core process.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from deployments.frontend.openai.api import ApiConfig, OpenAIReplica
 from deployments.frontend.openai.handoff import DecodeHandoff
 from deployments.serve.metrics_sink import RayMetricsSink, attach_ray_metrics
 from shortconv.engine.stats import StartupReport
+from workers.cluster_seat import this_replicas_seat
 from workers.cpu_threads import core_threads, follow_reservation
 from workers.startup import PhaseClock
 
@@ -92,16 +93,26 @@ def share_the_gil(interval_ms: float | None) -> None:
 
 
 def in_core(args: AppArgs) -> bool:
-    """Whether the engine runs in a core process (`engine_process`, tp_size=1): then this
-    process computes nothing and never imports torch (tests/repo/test_replica_imports.py)."""
-    return args.engine_process and args.tp_size == 1
+    """Whether the engine runs in a core process (`engine_process`; at tp_size > 1 the core
+    drives the TP workers): then this process computes nothing and never imports torch
+    (tests/repo/test_replica_imports.py)."""
+    return args.engine_process
+
+
+def launch_core(
+    args: AppArgs, engine_factory: str | None, threads: int | None
+) -> Callable[[], CoreEngine]:
+    """Start the core process; with tp_size > 1 it joins this replica's cluster and places the
+    TP workers in this replica's placement group, as the engine would here."""
+    seat = this_replicas_seat() if args.tp_size > 1 else None
+    return CoreEngine.launch(args.model_dump(), engine_factory, threads, seat)
 
 
 def engine_threads(args: AppArgs) -> int | None:
     """The engine's torch threads: `torch_threads` when set, else following this replica's
     CPU reservation: a core process's, read without torch (None outside Ray: torch's default
-    there); else this process's own, which imports torch (tp_size > 1: the ranks compute,
-    each following its own reservation, and this one keeps torch's count)."""
+    there; at tp_size > 1 the ranks compute, each following its own reservation); else this
+    process's own, which imports torch (tp_size > 1: this one keeps torch's count)."""
     if in_core(args):
         return args.torch_threads or core_threads()
     import torch  # NOTE: here: the app's build task imports this module, never torch
@@ -123,7 +134,7 @@ def start_engine(
     started here), else in this one. The core's start is one phase here; its own phases are
     its start-up report."""
     if launched is None and in_core(args):
-        launched = CoreEngine.launch(args.model_dump(), engine_factory, threads)
+        launched = launch_core(args, engine_factory, threads)
     if launched is not None:
         t0 = time.perf_counter()
         core = launched()
@@ -155,9 +166,7 @@ class LLMServer(OpenAIReplica):
         app_args = AppArgs.model_validate(args)
         launched = None
         if in_core(app_args):  # NOTE: first, so the core's start overlaps all that follows
-            launched = CoreEngine.launch(
-                app_args.model_dump(), engine_factory, engine_threads(app_args)
-            )
+            launched = launch_core(app_args, engine_factory, engine_threads(app_args))
         with clock.phase("imports"):  # the engine's imports when it runs in this process
             share_the_gil(gil_interval_ms(app_args))
             threads = engine_threads(app_args)

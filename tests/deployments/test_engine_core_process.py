@@ -15,9 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 from ray_env import descendant_pids
-from reliability_helpers import REPLICA_HEADER, serve_app, stream_and_kill, wait_for
+from reliability_helpers import (
+    CORE,
+    CORE_KILL_OVERRIDES,
+    REPLICA_HEADER,
+    serve_app,
+    short_completion,
+    stream_and_kill,
+    wait_for,
+)
 
-CORE = "deployments.frontend.engine.engine_core"  # its command line: python -m CORE
 REPLACE_S = 300  # a replica's start beside other test workers on 2 cores
 ERROR_WITHIN_S = 10.0  # the stream's error after the kill: at once, with room for a busy host
 ARGS = {"tiny_arch": "lfm2", "max_num_seqs": 4, "engine_process": True}
@@ -27,22 +34,12 @@ ARGS_NICENESS = 0  # AppArgs.engine_niceness's default
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp: Path = tmp_path_factory.mktemp("core")
-    overrides = {"num_replicas": 1, "health_check_period_s": 1, "health_check_timeout_s": 20}
-    with serve_app(tmp, ARGS, **overrides) as url:
+    with serve_app(tmp, ARGS, **CORE_KILL_OVERRIDES) as url:
         yield url
 
 
-def complete(base: str) -> httpx.Response | None:
-    body = {"prompt": "hello", "max_tokens": 6, "temperature": 0.0}
-    try:
-        r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
-    except httpx.HTTPError:
-        return None
-    return r if r.status_code == 200 else None
-
-
 def test_the_replica_owns_one_core_process_and_reports_its_start(base: str) -> None:
-    assert complete(base) is not None
+    assert short_completion(base) is not None
     assert len(descendant_pids(CORE)) == 1
     stats = httpx.get(f"{base}/v1/internal/stats", timeout=30).json()
     core = stats["startup"]["core"]
@@ -57,7 +54,7 @@ def _stat(path: Path) -> list[str]:
 
 
 def test_the_core_runs_at_engine_niceness_not_at_rays_worker_niceness(base: str) -> None:
-    assert complete(base) is not None  # a step ran
+    assert short_completion(base) is not None  # a step ran
     (pid,) = descendant_pids(CORE)
     replica = int(_stat(Path(f"/proc/{pid}/stat"))[1])
     # Ray starts workers, the replica among them, at nice 15 (19 under a niced pytest): what
@@ -72,7 +69,7 @@ def test_the_core_runs_at_engine_niceness_not_at_rays_worker_niceness(base: str)
 def test_core_killed_mid_stream_ends_requests_in_an_error_then_the_replica_is_replaced(
     base: str,
 ) -> None:
-    want = wait_for(lambda: complete(base), REPLACE_S, "a healthy replica")
+    want = wait_for(lambda: short_completion(base), REPLACE_S, "a healthy replica")
     old = want.headers[REPLICA_HEADER]
     body = {"prompt": "hello", "max_tokens": 500, "temperature": 0.0, "ignore_eos": True}
     # NOTE: the whole request runs to nearly the model's length: with the core at nice 0 and
@@ -98,7 +95,7 @@ def test_core_killed_mid_stream_ends_requests_in_an_error_then_the_replica_is_re
     assert health.status_code == 503 or health.headers.get(REPLICA_HEADER) != old
 
     def replaced() -> httpx.Response | None:
-        r = complete(base)
+        r = short_completion(base)
         return r if r is not None and r.headers[REPLICA_HEADER] != old else None
 
     again = wait_for(replaced, REPLACE_S, "Serve to replace the replica whose core died")

@@ -5,20 +5,17 @@ metrics, and ends every stream with an error at once when the core is killed."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from core_loop import kill_mid_stream, run_loop
 from prometheus_client import generate_latest
 
 from deployments.frontend.config.args import AppArgs
 from deployments.frontend.engine.async_engine import AsyncEngine
 from deployments.frontend.engine.core_client import CoreEngine
 from deployments.frontend.engine.engine_build import build_engine
-from deployments.frontend.engine.engine_types import EngineDead
 from shortconv.metrics.recorder import PrometheusClientSink
 from shortconv.sampling.sampling_params import InvalidRequest, SamplingParams
 from shortconv.tiny.checkpoint import make_tiny_checkpoint
@@ -49,15 +46,6 @@ async def tokens(eng: AsyncEngine, rid: str, max_tokens: int = 12) -> list[int]:
     return got
 
 
-def run_loop(engine: Any, body: Any) -> Any:
-    eng = AsyncEngine(engine, admission_limit=8)
-    eng.start()
-    try:
-        return asyncio.run(body(eng))
-    finally:
-        eng.shutdown()
-
-
 def test_core_gives_the_in_thread_engines_tokens(args: dict[str, Any], core: CoreEngine) -> None:
     async def two(eng: AsyncEngine) -> list[list[int]]:
         return list(await asyncio.gather(tokens(eng, "a"), tokens(eng, "b", 20)))
@@ -84,19 +72,6 @@ def test_the_cores_metrics_reach_the_replicas_sink(core: CoreEngine) -> None:
 
 
 def test_a_killed_core_ends_streams_with_an_error_and_fails_health(core: CoreEngine) -> None:
-    async def body(eng: AsyncEngine) -> tuple[Any, float]:
-        params = SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)
-        stream, last, killed_at = eng.generate(PROMPT, params, "k"), None, 0.0
-        async for delta in stream:
-            if not killed_at:
-                os.kill(core.pid, signal.SIGKILL)
-                killed_at = time.monotonic()
-            last = delta
-        elapsed = time.monotonic() - killed_at
-        with pytest.raises(EngineDead, match="engine core"):
-            await eng.check_health()
-        return last, elapsed
-
-    last, elapsed = run_loop(core, body)
+    last, elapsed = run_loop(core, lambda eng: kill_mid_stream(eng, core.pid, PROMPT))
     assert last.finish_reason == "error" and "engine core" in last.error
     assert elapsed < ERROR_WITHIN_S

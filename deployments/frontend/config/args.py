@@ -74,9 +74,9 @@ class AppArgs(EngineArgs):
     last step's tokens (deployments/serve/server.py).
     `engine_process`: run the engine (scheduler, cache manager, rank 0) in a core process of
     its own that the replica spawns and owns (deployments/frontend/engine/engine_core.py), so no
-    Serve event
-    loop shares its GIL; False steps it on a thread of the replica. tp_size > 1 keeps the
-    thread for now (the TP driver needs the replica's Ray runtime).
+    Serve event loop shares its GIL; False steps it on a thread of the replica. With tp_size > 1
+    the core is the TP workers' driver: it joins the replica's cluster and places them in the
+    replica's placement group (workers/cluster_seat.py).
     `engine_niceness`: the core process's nice value. Ray starts its workers, so the replica and
     anything it spawns, at nice 15; the core moves itself here first thing
     (workers/process_priority.py: needs CAP_SYS_NICE to go lower, else it logs why it could not).

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from shortconv.engine.stats import EngineStats, GraphStats, StartupReport
     from shortconv.metrics.recorder import BaseMetricsSink, MetricsRecorder
     from shortconv.sampling.grammar.spec import GrammarSpec
+    from workers.cluster_seat import ClusterSeat
 
 log = logging.getLogger(__name__)
 
@@ -112,19 +113,31 @@ class CoreEngine:
         self._absorb(ready.status)
 
     @classmethod
-    def spawn(cls, args: dict[str, Any], factory: str | None, threads: int | None) -> CoreEngine:
+    def spawn(
+        cls,
+        args: dict[str, Any],
+        factory: str | None,
+        threads: int | None,
+        seat: ClusterSeat | None = None,
+    ) -> CoreEngine:
         """`launch`, then wait for the core to be ready."""
-        return cls.launch(args, factory, threads)()
+        return cls.launch(args, factory, threads, seat)()
 
     @classmethod
     def launch(
-        cls, args: dict[str, Any], factory: str | None, threads: int | None
+        cls,
+        args: dict[str, Any],
+        factory: str | None,
+        threads: int | None,
+        seat: ClusterSeat | None = None,
     ) -> Callable[[], CoreEngine]:
         """Start the core now; the returned call waits until it is ready. A fresh interpreter
         (`python -m deployments.frontend.engine.engine_core`), like multiprocessing's
         spawn but without re-running this process's main module (a Ray worker's, pytest's):
         its end of the pipe is passed as an inherited fd, its start arguments as the first
-        message. NOTE: never fork a process that holds Ray's threads."""
+        message. `seat` (tp_size > 1): the replica's cluster and placement group, where the
+        core puts the TP workers it drives. NOTE: never fork a process that holds Ray's
+        threads."""
         ours, theirs = mp.Pipe(duplex=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         # NOTE: OpenMP's spinning wait made the core's 2-thread decode step 10x slower on a
@@ -138,7 +151,7 @@ class CoreEngine:
         ]
         proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), env=env)
         theirs.close()  # NOTE: so the core's exit reads as EOF here
-        send(ours, Start(args, factory, threads))
+        send(ours, Start(args, factory, threads, seat))
         wake = os.pipe()
         os.set_blocking(wake[0], False)
         preload = None

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from shortconv.engine.images import AnyImage
     from shortconv.engine.request_limits import RequestLimits
     from shortconv.engine.stats import EngineStats, StartupReport
+    from workers.cluster_seat import ClusterSeat
 
 # NOTE: one metric update the core's recorder made: (op, metric name, labels, value or values).
 MetricOp = tuple[str, str, dict[str, str], Any]
@@ -32,11 +33,13 @@ MetricOp = tuple[str, str, dict[str, str], Any]
 @dataclass(frozen=True)
 class Start:
     """The first message: the app's args, the injected engine factory, torch's threads
-    (None: torch's default)."""
+    (None: torch's default), and with tp_size > 1 the replica's cluster and placement group,
+    which the core joins to drive the TP workers (None: the model runs in the core)."""
 
     args: dict[str, Any]
     factory: str | None
     threads: int | None
+    seat: ClusterSeat | None = None
 
 
 @dataclass(frozen=True)

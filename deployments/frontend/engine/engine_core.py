@@ -50,6 +50,7 @@ from deployments.frontend.engine.metrics_relay import RelaySink
 from deployments.frontend.engine.state_ops import run_state_op
 from shortconv.engine.outputs import FinishReason
 from shortconv.metrics.recorder import attach_metrics
+from workers.cluster_seat import join_cluster
 from workers.process_priority import set_niceness
 from workers.startup import PhaseClock
 
@@ -166,7 +167,9 @@ def run_core(conn: Connection) -> None:
         set_niceness(args.engine_niceness, "the engine core")
         if start.threads is not None:  # the replica's CPU reservation, decided there
             torch.set_num_threads(start.threads)
-        engine = make_engine(args, start.factory, clock)
+        if start.seat is not None:  # tp_size > 1: this process drives the replica's TP workers
+            join_cluster(start.seat)
+        engine = make_engine(args, start.factory, clock, start.seat)
         relay = RelaySink()
         attach_metrics(engine, relay)
         core = EngineCore(conn, engine, relay)

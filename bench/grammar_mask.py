@@ -7,9 +7,10 @@ Two runs of `--batch` requests on the tiny random LFM2, in one process, interlea
 under a JSON schema long enough that no grammar ends inside the timed window (an array of
 exactly 200 short strings). Prompts are prefilled before timing; each run then times
 `--steps` decode steps of `LLMEngine.step()`. The grammar work of a step is timed by wrapping
-its three parts: `GrammarRuntime.attach` (fill the next-token bitmasks of every matcher and
-put them on the plan), `GrammarRuntime.accept` (advance each matcher by its sampled token) and
-`apply_token_masks` (unpack the bitmasks and mask the logits in the sampler). Reported: the
+its parts: `GrammarRuntime.row_masks` (fill a request's next-token bitmasks as the scheduler
+plans its row) and `GrammarRuntime.prune` (once a step), `GrammarRuntime.accept` (advance each
+matcher by its sampled token) and `apply_token_masks` (unpack the bitmasks and mask the logits
+in the sampler). Reported: the
 medians of the unconstrained step, the constrained step and the grammar part, and the grammar
 part as a share of the constrained step (target <= 10%).
 """
@@ -90,7 +91,8 @@ def main() -> None:
     ckpt = make_tiny_checkpoint("lfm2", tempfile.mkdtemp(prefix="gm-"), seed=0)
     llm = LLM(model=ckpt, dtype="float32", seed=0, max_num_seqs=args.batch)
     timer = Timer()
-    GrammarRuntime.attach = timer.wrap(GrammarRuntime.attach)  # type: ignore[method-assign]
+    GrammarRuntime.row_masks = timer.wrap(GrammarRuntime.row_masks)  # type: ignore[method-assign]
+    GrammarRuntime.prune = timer.wrap(GrammarRuntime.prune)  # type: ignore[method-assign]
     GrammarRuntime.accept = timer.wrap(GrammarRuntime.accept)  # type: ignore[method-assign]
     sampler_mod.apply_token_masks = timer.wrap(sampler_mod.apply_token_masks)
     spec = GrammarSpec.json_schema(LONG)

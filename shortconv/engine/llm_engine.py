@@ -82,7 +82,7 @@ class LLMEngine:
             PageAllocator(self.capacity.num_pages),
             window_groups(self.model_cfg, self.capacity.window_pages),
             draft,
-            grammar_draft=self._grammar_draft,
+            grammar=self.grammars,
         )
         store = SessionStore(eng.session_store) if eng.session_store is not None else None
         self.session_state = SessionState(
@@ -228,18 +228,14 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # ---- stepping -----------------------------------------------------------------------
-    def _grammar_draft(self, req: Request, draft: tuple[int, ...]) -> int:
-        """How many of req's proposals its grammar allows (the scheduler's check)."""
-        assert req.params.grammar is not None  # NOTE: asked for constrained requests only
-        return self.grammars.allowed_draft(req.request_id, req.params.grammar, draft)
-
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan is None:
             return []
-        plan, dead = self.grammars.attach(plan, self.scheduler.requests)
-        outs = [self._fail_request(self.scheduler.requests[rid], why) for rid, why in dead.items()]
+        # NOTE: the plan carries its grammar masks already (`engine.step_rows`); a request
+        # whose grammar could not go on has left it, to be reported here.
+        outs = [self._fail_request(req, why) for req, why in self.scheduler.take_failed()]
         try:
             result = self.executor.execute(plan) if plan.seqs else None
         except ExecutorError as exc:

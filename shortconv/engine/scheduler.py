@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING
@@ -18,10 +18,11 @@ from shortconv.engine.outputs import FinishReason
 from shortconv.engine.plan import SeqChunk, StepPlan, StepResult
 from shortconv.engine.request import Request, Status
 from shortconv.engine.speculation import Speculator
+from shortconv.engine.step_rows import StepGrammar, StepRows
+from shortconv.sampling.sampling_row import SamplingRow
 
 if TYPE_CHECKING:
     from shortconv.engine.draft_proposer import DraftProposer
-from shortconv.sampling.sampling_row import SamplingRow, make_row
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,6 @@ class SchedulerConfig:
     speculative: SpeculativeConfig | None = None  # None: no request speculates
 
 
-# How many leading proposals of a request its grammar allows (the engine's grammar runtime).
-GrammarDraftCheck = Callable[[Request, tuple[int, ...]], int]
-
-
-def _no_grammar_runtime(req: Request, draft: tuple[int, ...]) -> int:
-    """Without a grammar runtime, a request with a grammar proposes nothing."""
-    return 0
-
-
 class Scheduler:
     """Admits, chunks, preempts and finishes requests; their slots, pages, checkpoints and
     session pins are the cache manager's, asked on every path (finish, abort, preempt free)."""
@@ -59,12 +51,13 @@ class Scheduler:
         pages: PageAllocator,
         windows: Sequence[WindowGroup] = (),
         draft: DraftProposer | None = None,
-        grammar_draft: GrammarDraftCheck = _no_grammar_runtime,
+        grammar: StepGrammar | None = None,
     ):
-        """`grammar_draft`: cuts a constrained request's proposals where its grammar forbids
-        one, before its verify row is planned (so its pages are grown for what it verifies)."""
+        """`grammar`: the engine's grammar runtime. It cuts a constrained request's proposals
+        where its grammar forbids one, before its verify row is planned (so its pages are grown
+        for what it verifies), and gives each constrained row its mask as the row is planned."""
         self.cfg = cfg
-        self.grammar_draft = grammar_draft
+        self.rows = StepRows(cfg.eos_token_ids, grammar)
         self.cache_manager = CacheManager(
             slots,
             pages,
@@ -157,6 +150,7 @@ class Scheduler:
         `max_prefill_tokens_while_decoding` when anything decodes, so a stream's inter-token gap
         is one decode step plus at most that many prompt tokens, whatever arrives."""
         self.cache_manager.evict_idle()
+        self.rows.grammar.prune(self.requests)
         chunks: dict[str, SeqChunk] = {}
         copies = StepCopies()
         budget = self.cfg.max_num_batched_tokens
@@ -171,6 +165,10 @@ class Scheduler:
         if not chunks:
             return None
         self._step_id += 1
+        if self.rows.failed:
+            self._drop_failed(chunks)
+            if not chunks:  # NOTE: releases and images wait for a plan the ranks will get
+                return StepPlan(self._step_id, ())
         order = [r.request_id for r in self.running if r.request_id in chunks]
         encoder_inputs, encoder_frees = self.encoder.take()
         released, self._released = tuple(self._released), []
@@ -184,6 +182,20 @@ class Scheduler:
             encoder_frees=encoder_frees,
             released=released,
         )
+
+    def _drop_failed(self, chunks: dict[str, SeqChunk]) -> None:
+        """Requests whose grammar could not give a row its mask leave with an error (slot,
+        pages and checkpoints freed; the engine reports them: `take_failed`) and their chunks
+        leave the plan, a forking parent's too once none of its forks is left."""
+        for req, _ in self.rows.failed.values():
+            if not req.finished:
+                self.finish(req, FinishReason.ERROR)
+        for rid in [rid for rid in chunks if rid not in self.requests]:
+            del chunks[rid]
+
+    def take_failed(self) -> list[tuple[Request, str]]:
+        """The requests `schedule` failed since the last call, and why."""
+        return self.rows.take_failed()
 
     def _grow(
         self, reqs: list[Request], budget: int, chunks: dict[str, SeqChunk], copies: StepCopies
@@ -240,9 +252,9 @@ class Scheduler:
         # The chunk ends the prompt (or is a decode step); a parent's forks sample, not it.
         if start + n == req.num_tokens:
             if req.forks:
-                fork_rows = tuple((f.request_id, self._row(f)) for f in req.forks if not f.finished)
+                fork_rows = self._fork_rows(req)
             else:
-                sampling = self._row(req)
+                sampling = self.rows.row(req)
         return SeqChunk(
             request_id=req.request_id,
             token_ids=tuple(req.all_token_ids[start : start + n]),
@@ -257,11 +269,11 @@ class Scheduler:
             lora_slot=req.lora_slot,
         )
 
-    def _row(self, req: Request, draft: Sequence[int] = ()) -> SamplingRow:
-        """req's row for its next token, `draft` taken as generated already."""
-        p, eos = req.params, self.cfg.eos_token_ids
-        output = [*req.output_token_ids, *draft] if draft else req.output_token_ids
-        return make_row(p, req.seed, req.prompt_token_ids, output, eos)
+    def _fork_rows(self, parent: Request) -> tuple[tuple[str, SamplingRow], ...]:
+        """(fork id, row) of each unfinished fork of `parent`, one whose grammar failed left
+        out (it leaves before the plan is built: `_drop_failed`)."""
+        rows = [(f.request_id, self.rows.row(f)) for f in parent.forks if not f.finished]
+        return tuple((rid, row) for rid, row in rows if rid not in self.rows.failed)
 
     # ---- speculative decoding -------------------------------------------------------------
     def _draft(self, req: Request, room: int) -> tuple[int, ...]:
@@ -273,14 +285,14 @@ class Scheduler:
         k = len(self.cache_manager.spec_slots(req, k))
         draft = self.speculator.propose(req, k)
         if draft and req.params.grammar is not None:
-            draft = draft[: self.grammar_draft(req, draft)]
+            draft = draft[: self.rows.allowed_draft(req, draft)]
         return draft
 
     def _verify_chunk(self, req: Request, draft: tuple[int, ...]) -> SeqChunk:
         """req's last token then its proposals, one sampling row per position; the state after
         each of its first k tokens goes to a spec slot (the rollback selects one)."""
         start, k = req.num_computed, len(draft)
-        rows = [self._row(req, draft[:i]) for i in range(k + 1)]
+        rows = self.rows.rows(req, draft)
         assert req.slot is not None  # a running request holds its slot
         return SeqChunk(
             request_id=req.request_id,

@@ -30,9 +30,11 @@ def make_row(
     prompt: Sequence[int],
     output: Sequence[int],
     eos_token_ids: Sequence[int],
+    token_mask: bytes | None = None,
 ) -> SamplingRow:
     """The row for a request's next token: its history only where its controls read it (the
-    plan crosses to every TP rank each step, so plain rows stay small)."""
+    plan crosses to every TP rank each step, so plain rows stay small); `token_mask`: its
+    grammar's allowed tokens (`engine.step_rows`)."""
     banned: tuple[int, ...] = ()
     if len(output) < params.min_tokens:
         eos = () if params.ignore_eos else tuple(eos_token_ids)
@@ -41,6 +43,7 @@ def make_row(
         params,
         seed,
         len(output),
+        token_mask=token_mask,
         prompt_token_ids=tuple(prompt) if params.needs_prompt_tokens else (),
         output_token_ids=tuple(output) if params.needs_output_counts else (),
         banned_token_ids=banned,

@@ -73,7 +73,7 @@ def drawn(plan: StepPlan, rng: random.Random) -> StepResult:
 
 
 def with_masks(plan: StepPlan, rng: random.Random) -> StepPlan:
-    """Grammar masks on some rows, as `GrammarRuntime.attach` sets them."""
+    """Grammar masks on some rows, as the scheduler's grammar runtime gives them."""
 
     def masked(chunk: SeqChunk) -> SeqChunk:
         if chunk.sampling is None or rng.random() < 0.7:

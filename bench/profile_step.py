@@ -5,12 +5,18 @@
     .venv/bin/python bench/profile_step.py --shape lfm2-350m --batch 32 --compare onednn
     .venv/bin/python bench/profile_step.py --shape lfm2-350m --batch 32 --compare prepack
     .venv/bin/python bench/profile_step.py --shape lfm2-tiny --py-spy out.svg  # flame graph
+    .venv/bin/python bench/profile_step.py --shape lfm2-350m --quantization int4 --threads 2 \
+        --cprofile 25                                    # top host functions, ms per step
 
 Each engine prefills `--batch` requests of `--context` tokens once (not timed); a run then
 times the next `--steps` decode steps of `LLMEngine.step()` (the context grows by `--steps`
 per run). "forward" is the time inside the model's forward and
 LM head (timed by hooks, end to end on CPU where every op is synchronous); "overhead" is the
 rest of the step: scheduling, plan, step tensors / static buffers, sampling, detokenizing.
+"cpu_ms" is the process CPU time of a step (time.process_time over all threads, so with
+`--threads 2` it counts both GEMM threads): on a loaded machine it moves less than wall time.
+`--cprofile N` runs one more set of steps under cProfile and prints the N functions with the
+most own process CPU time, in ms per step (cProfile's own cost inflates Python-heavy items).
 `--compare` runs variant A and B interleaved (A/B/A/B after a warm-up) and prints the ratio
 of medians: `graphs` = EngineConfig.enable_graphs True vs False (two engines, same weights
 file), `onednn` = large CPU linears through oneDNN vs F.linear (one engine), `prepack` =
@@ -20,7 +26,9 @@ EngineConfig.prepack_cpu_weights True vs False (two engines).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -79,19 +87,39 @@ def prefill(llm: LLM, batch: int, context: int, max_tokens: int, vocab: int) -> 
         eng.step()
 
 
-def decode_steps(llm: LLM, timer: ForwardTimer, steps: int) -> tuple[float, float]:
-    """Seconds per decode step (whole step, inside forward) over the next `steps` steps."""
+def decode_steps(llm: LLM, timer: ForwardTimer, steps: int) -> tuple[float, float, float]:
+    """Seconds per decode step (whole step wall, inside forward wall, whole step process CPU)
+    over the next `steps` steps."""
     timer.total = 0.0
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(steps):
         llm.engine.step()
-    return (time.perf_counter() - t0) / steps, timer.total / steps
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return wall / steps, timer.total / steps, cpu / steps
+
+
+def profile_top(llm: LLM, timer: ForwardTimer, steps: int, top: int) -> None:
+    """cProfile `steps` decode steps; print the `top` functions by own process CPU time, ms per
+    step (CPU, not wall: on a loaded machine wall time charges preemption to whatever ran)."""
+    prof = cProfile.Profile(time.process_time)
+    prof.enable()
+    decode_steps(llm, timer, steps)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    print(f"# cProfile over {steps} steps: own ms/step, cumulative ms/step, calls/step, function")
+    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in rows:
+        where = f"{Path(file).name}:{line}" if line else file
+        print(
+            f"#  {tottime * 1e3 / steps:7.3f} {cumtime * 1e3 / steps:8.3f} "
+            f"{ncalls / steps:7.1f}  {fn} ({where})"
+        )
 
 
 def budget(args: argparse.Namespace) -> tuple[int, int]:
     """(decode steps each request must allow, longest context): every variant sharing an engine
     and the optional py-spy run decode the same requests."""
-    steps = ((args.runs + 1) * args.steps + 4) * (3 if args.py_spy else 2)
+    steps = ((args.runs + 1) * args.steps + 4) * (2 + bool(args.py_spy) + bool(args.cprofile))
     return steps, args.context + steps + 16
 
 
@@ -110,6 +138,7 @@ def make_llm(model_dir: Path, graphs: bool, args: argparse.Namespace, prepack: b
         max_num_seqs=64,
         max_model_len=max(256, longest),
         prepack_cpu_weights=prepack,
+        quantization=args.quantization,
     )
 
 
@@ -148,7 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--graphs", choices=["on", "off"], default="off")
     p.add_argument("--compare", choices=["none", "graphs", "onednn", "prepack"], default="none")
     p.add_argument("--ckpt-dir")
+    p.add_argument("--quantization", choices=["none", "int8", "int4"], default="none")
     p.add_argument("--py-spy", metavar="SVG", help="record a flame graph of one run")
+    p.add_argument("--cprofile", type=int, metavar="N", help="print the top N host functions")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +219,7 @@ def run(args: argparse.Namespace, model_dir: Path, name: str) -> None:
         decode_steps(llm, timers[key], (args.runs + 1) * args.steps)
         spy.terminate()
         spy.wait()
-    res: dict[str, list[tuple[float, float]]] = {k: [] for k in vs}
+    res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in vs}
     for r in range(args.runs + 1):  # run 0 is the warm-up
         for key, (llm, setter) in vs.items():
             if setter is not None:
@@ -198,16 +229,20 @@ def run(args: argparse.Namespace, model_dir: Path, name: str) -> None:
                 res[key].append(m)
     med = {}
     for key, ms in res.items():
-        step = statistics.median(s for s, _ in ms)
-        fwd = statistics.median(f for _, f in ms)
+        step = statistics.median(s for s, _, _ in ms)
+        fwd = statistics.median(f for _, f, _ in ms)
+        cpu = statistics.median(c for _, _, c in ms)
         med[key] = step
         print(
             f"SUMMARY profile_step shape={name} variant={key} batch={args.batch} "
             f"step_ms={step * 1e3:.3f} forward_ms={fwd * 1e3:.3f} "
-            f"overhead_pct={100 * (step - fwd) / step:.1f} "
-            f"runs_ms={','.join(f'{s * 1e3:.2f}' for s, _ in ms)}",
+            f"overhead_pct={100 * (step - fwd) / step:.1f} cpu_ms={cpu * 1e3:.3f} "
+            f"runs_ms={','.join(f'{s * 1e3:.2f}' for s, _, _ in ms)}",
             flush=True,
         )
+    if args.cprofile:
+        key, (llm, _) = next(iter(vs.items()))
+        profile_top(llm, timers[key], args.steps, args.cprofile)
     if len(med) == 2:
         (ka, a), (kb, b) = med.items()
         print(

@@ -42,6 +42,8 @@ class Q8Linear(LinearMethod):
     def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         qw = layer.q8
         assert qw is not None, "Q8Linear.apply before process_after_load"
+        if x.dtype == torch.float32 and x.dim() == 2:
+            return gemm_q8(x, qw, bias)  # see _fp32_rows
         y = gemm_q8(x.reshape(-1, x.shape[-1]).float(), qw, bias)
         return y.to(x.dtype).view(*x.shape[:-1], qw.out_features)
 
@@ -62,8 +64,16 @@ class Q4Linear(LinearMethod):
     def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         qw = layer.q4
         assert qw is not None, "Q4Linear.apply before process_after_load"
+        if x.dtype == torch.float32 and x.dim() == 2:
+            return gemm_q4(x, qw, bias)  # see _fp32_rows
         y = gemm_q4(x.reshape(-1, x.shape[-1]).float(), qw, bias)
         return y.to(x.dtype).view(*x.shape[:-1], qw.out_features)
+
+
+# NOTE (_fp32_rows): fp32 rows [T, K] (every linear of an fp32 model) go straight to the
+# kernel: the reshape, .float(), .to(x.dtype) and .view of the general path are identities
+# there, but 4 tensor ops a call, 92 calls a step at LFM2-350M, were measured host time of a
+# batch-1 decode step (bench/profile_step.py --cprofile).
 
 
 def _drop_float(layer: LinearLayer, keep: bool) -> None:

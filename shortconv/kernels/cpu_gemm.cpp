@@ -142,7 +142,9 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
                     float* y, int64_t ldy) {
   const int64_t nb = K / kBlock;
   __m256 acc[R][MR];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t k = b * kBlock;
@@ -150,11 +152,13 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
     // the same share of the next tile's bytes, so memory streams one tile ahead.
     const char* next = reinterpret_cast<const char*>(rows[0].q + R * K + b * R * kBlock);
     for (int line = 0; line < R * kBlock; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m128i* src = reinterpret_cast<const __m128i*>(rows[r].q + k);
       const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(src));
       const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(src + 1));
       const __m256 ws = _mm256_broadcast_ss(rows[r].scale + b);
+#pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
         const __m256i* xv = reinterpret_cast<const __m256i*>(xq + m * K + k);
         const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xv)),
@@ -164,7 +168,9 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) y[m * ldy + r] = hsum(acc[r][m]);
 }
 

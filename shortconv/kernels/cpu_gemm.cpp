@@ -137,6 +137,11 @@ XQ<T> quantize_x(const float* x, int64_t M, int64_t K) {
 // The q8 twin of tile_f32 for the few-row case: per 32-weight block, the int8 weights widen
 // to int16 and meet the int16 x rows in vpmaddwd; the block's int32 sum then takes both
 // scales into the fp32 accumulator. K is a multiple of kBlock.
+// NOTE: in this and every quantized tile, each loop over `acc` carries `#pragma GCC unroll`:
+// where one stayed rolled (the final reduce, or a tile inlined into its caller), GCC 12 kept
+// the accumulators in registers but also stored them to the stack on every K step (the fp32
+// AVX-512 tile's story, cpu_gemm_f32_512.inc; q4 VNNI at 2-32 rows ~1.1x without the stores).
+// Unrolling moves no addition: the outputs are the same bits.
 template <int R, int MR>
 inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float* xs,
                     float* y, int64_t ldy) {

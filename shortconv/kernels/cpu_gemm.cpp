@@ -137,12 +137,19 @@ XQ<T> quantize_x(const float* x, int64_t M, int64_t K) {
 // The q8 twin of tile_f32 for the few-row case: per 32-weight block, the int8 weights widen
 // to int16 and meet the int16 x rows in vpmaddwd; the block's int32 sum then takes both
 // scales into the fp32 accumulator. K is a multiple of kBlock.
+// NOTE: in this and every quantized tile, each loop over `acc` carries `#pragma GCC unroll`:
+// where one stayed rolled (the final reduce, or a tile inlined into its caller), GCC 12 kept
+// the accumulators in registers but also stored them to the stack on every K step (the fp32
+// AVX-512 tile's story, cpu_gemm_f32_512.inc; q4 VNNI at 2-32 rows ~1.1x without the stores).
+// Unrolling moves no addition: the outputs are the same bits.
 template <int R, int MR>
 inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float* xs,
                     float* y, int64_t ldy) {
   const int64_t nb = K / kBlock;
   __m256 acc[R][MR];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t k = b * kBlock;
@@ -150,11 +157,13 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
     // the same share of the next tile's bytes, so memory streams one tile ahead.
     const char* next = reinterpret_cast<const char*>(rows[0].q + R * K + b * R * kBlock);
     for (int line = 0; line < R * kBlock; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m128i* src = reinterpret_cast<const __m128i*>(rows[r].q + k);
       const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(src));
       const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(src + 1));
       const __m256 ws = _mm256_broadcast_ss(rows[r].scale + b);
+#pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
         const __m256i* xv = reinterpret_cast<const __m256i*>(xq + m * K + k);
         const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xv)),
@@ -164,7 +173,9 @@ inline void tile_q8(const Q8Row* rows, int64_t K, const int16_t* xq, const float
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) y[m * ldy + r] = hsum(acc[r][m]);
 }
 

@@ -25,6 +25,19 @@ def run_loop(engine: Any, body: Any) -> Any:
         eng.shutdown()
 
 
+async def greedy_tokens(
+    eng: AsyncEngine, rid: str, prompt: list[int], max_tokens: int
+) -> list[int]:
+    """The token ids of one greedy stream of `max_tokens` (no stop at EOS), failing on an error
+    delta."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    got: list[int] = []
+    async for delta in eng.generate(prompt, params, rid):
+        assert delta.error is None, delta.error
+        got += delta.token_ids
+    return got
+
+
 async def kill_mid_stream(eng: AsyncEngine, pid: int, prompt: list[int]) -> tuple[Any, float]:
     """SIGKILL the core `pid` at a long stream's first delta; the stream's last delta and the
     seconds from the kill to the stream's end. The health check must fail by then."""

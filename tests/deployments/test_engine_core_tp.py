@@ -13,7 +13,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from core_loop import kill_mid_stream, run_loop  # noqa: E402
+from core_loop import greedy_tokens, kill_mid_stream, run_loop  # noqa: E402
 from oracle import assert_matches_oracle, oracle_greedy  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 from ray_env import descendant_pids, private_ray  # noqa: E402
@@ -21,7 +21,6 @@ from reliability_helpers import wait_for  # noqa: E402
 
 from deployments.frontend.engine.async_engine import AsyncEngine  # noqa: E402
 from deployments.frontend.engine.core_client import CoreEngine  # noqa: E402
-from shortconv.sampling.sampling_params import SamplingParams  # noqa: E402
 from shortconv.tiny.checkpoint import build_hf_model, make_tiny_checkpoint  # noqa: E402
 from workers.cluster_seat import ClusterSeat  # noqa: E402
 
@@ -67,20 +66,11 @@ def free_in_bundles(seat: ClusterSeat) -> list[float]:
     return [free.get(f"CPU_group_{i}_{seat.placement_group_hex}", 0.0) for i in (0, 1)]
 
 
-async def greedy(eng: AsyncEngine, rid: str, prompt: list[int]) -> list[int]:
-    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
-    got: list[int] = []
-    async for delta in eng.generate(prompt, params, rid):
-        assert delta.error is None, delta.error
-        got += delta.token_ids
-    return got
-
-
 def test_the_core_drives_tp2_workers_in_the_given_group(
     core: CoreEngine, seat: ClusterSeat
 ) -> None:
     async def both(eng: AsyncEngine) -> list[list[int]]:
-        return [await greedy(eng, f"r{i}", p) for i, p in enumerate(PROMPTS)]
+        return [await greedy_tokens(eng, f"r{i}", p, MAX_NEW) for i, p in enumerate(PROMPTS)]
 
     assert [r.who.split(" (")[0] for r in core.startup_reports()] == ["TP rank 0", "TP rank 1"]
     assert len(descendant_pids(TP_WORKER)) == 2

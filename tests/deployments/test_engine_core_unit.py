@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from core_loop import kill_mid_stream, run_loop
+from core_loop import greedy_tokens, kill_mid_stream, run_loop
 from prometheus_client import generate_latest
 
 from deployments.frontend.config.args import AppArgs
@@ -38,12 +38,7 @@ def core(args: dict[str, Any]) -> Iterator[CoreEngine]:
 
 
 async def tokens(eng: AsyncEngine, rid: str, max_tokens: int = 12) -> list[int]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    got: list[int] = []
-    async for delta in eng.generate(PROMPT, params, rid):
-        assert delta.error is None, delta.error
-        got += delta.token_ids
-    return got
+    return await greedy_tokens(eng, rid, PROMPT, max_tokens)
 
 
 def test_core_gives_the_in_thread_engines_tokens(args: dict[str, Any], core: CoreEngine) -> None:

@@ -24,6 +24,7 @@ from shortconv.engine.scheduler import Scheduler, SchedulerConfig
 from shortconv.engine.session_state import SessionState
 from shortconv.engine.session_store import SessionStore
 from shortconv.engine.stats import EngineStats, GraphStats, StartupReport
+from shortconv.engine.token_output import take_token
 from shortconv.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from shortconv.execution.worker_spec import WorkerSpec
 from shortconv.lora.adapter import LoraError
@@ -285,7 +286,8 @@ class LLMEngine:
         first = len(req.output_token_ids) - req.num_new_tokens
         for i in range(first, len(req.output_token_ids)):
             last = i == len(req.output_token_ids) - 1
-            if self._take_token(req, out, i, done=last and req.finished):
+            detok = self._detok.get(req.request_id)
+            if take_token(self.grammars, detok, req, out, i, done=last and req.finished):
                 # NOTE: cut inside a verify row's run: the state folded in tokens past the
                 # cut, so it is not kept as the end-of-generation checkpoint.
                 del req.output_token_ids[i + 1 :]
@@ -302,31 +304,6 @@ class LLMEngine:
             self._outputs.pop(req.request_id, None)
             self._detok.pop(req.request_id, None)
         return out
-
-    def _take_token(self, req: Request, out: RequestOutput, i: int, done: bool) -> bool:
-        """Output token i of req into `out`; True when it ends the request here (a complete
-        grammar, a stop string; the caller tells the scheduler). `done`: the scheduler ended
-        it at this token."""
-        tok = req.output_token_ids[i]
-        grammar_done = self.grammars.accept(req.request_id, tok, done) and not done
-        ended = done or grammar_done
-        stop = grammar_done
-        out.new_token_ids.append(tok)
-        out.token_ids.append(tok)
-        if out.logprobs is not None:
-            out.logprobs.append(req.output_logprobs[i])
-        if out.top_logprobs is not None:
-            out.top_logprobs.append(req.output_top_logprobs[i])
-        detok = self._detok.get(req.request_id)
-        if detok is not None:
-            text = detok.push([tok])
-            if detok.stopped and not ended:
-                stop = True
-            elif ended:
-                text += detok.flush()
-            out.new_text += text
-            out.text += text
-        return stop
 
     def _fail_all(self, message: str) -> list[RequestOutput]:
         failed = []

@@ -48,9 +48,15 @@ def model_cache(base: Path) -> Path:
 
 @contextmanager
 def private_ray(
-    prefix: str, env_vars: dict[str, str] | None = None, num_cpus: float = 4, **init: Any
+    prefix: str,
+    env_vars: dict[str, str] | None = None,
+    num_cpus: float = 4,
+    runtime_env: dict[str, Any] | None = None,
+    **init: Any,
 ) -> Iterator[None]:
     """`ray.init(address="local")` on a shared machine: never joins or stops anyone else's Ray.
+    `runtime_env`: the job's, besides `env_vars` (a local `working_dir` is uploaded as a
+    `gcs://` package, as `serve run` does).
 
     NOTE: the temp dir is short on purpose: Ray's socket paths live under it.
     """
@@ -63,7 +69,7 @@ def private_ray(
         _temp_dir=tmp,
         num_cpus=num_cpus,
         object_store_memory=128 * 1024 * 1024,
-        runtime_env={"env_vars": env_vars or {}},
+        runtime_env={**(runtime_env or {}), "env_vars": env_vars or {}},
         **init,
     )
     try:

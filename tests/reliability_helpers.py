@@ -50,16 +50,18 @@ def serve_app(
     args: dict[str, Any],
     env: dict[str, str] | None = None,
     num_cpus: int = 4,
+    runtime_env: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Iterator[str]:
-    """Run `deployments.serve.app` with `args` on a private Ray runtime; yields the base URL."""
+    """Run `deployments.serve.app` with `args` on a private Ray runtime (the job's
+    `runtime_env` besides `env`, the replicas' too); yields the base URL."""
     from ray import serve
     from ray_env import free_port, model_cache, private_ray  # not at module level: replicas
 
     from deployments.serve.app import build_app, parse_args
 
     env_vars = {"XDG_CACHE_HOME": str(model_cache(tmp.parent)), **(env or {})}
-    with private_ray("scrl-", env_vars, num_cpus=num_cpus):
+    with private_ray("scrl-", env_vars, num_cpus=num_cpus, runtime_env=runtime_env):
         try:
             port = free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -1,8 +1,8 @@
 """tp_size=2 under a real `serve.run` whose application has a runtime env (a local
-`working_dir`, which Ray uploads as a `gcs://_ray_pkg_*.zip` package, and `env_vars`), as a
-KubeRay RayService's serveConfig carries one: the engine core process rejoins the cluster with the
-replica's runtime env, so its TP workers import the working dir's code and see its env vars as
-the replica does, and the tokens over HTTP are transformers' greedy tokens.
+`working_dir` and `py_modules`, which Ray uploads as `gcs://_ray_pkg_*.zip` packages, and
+`env_vars`), as a KubeRay RayService's serveConfig carries one: the engine core process rejoins
+the cluster with the replica's runtime env, so its TP workers import the same packages and see
+the same env vars as the replica, and the tokens over HTTP are transformers' greedy tokens.
 
 The probe: the working dir holds a `sitecustomize.py`, which Python imports at the start of
 every process that has the working dir on its PYTHONPATH (Ray puts it there for each worker
@@ -42,6 +42,11 @@ try:
     _rec.update(module=scprobe_marker.__file__, marker=scprobe_marker.MARKER)
 except ImportError as exc:
     _rec.update(module=None, marker=repr(exc))
+try:
+    import scprobe_pkg
+    _rec.update(pkg=scprobe_pkg.__file__, pkg_marker=scprobe_pkg.MARKER)
+except ImportError as exc:
+    _rec.update(pkg=None, pkg_marker=repr(exc))
 with open(os.path.join(%r, "%%d.json" %% os.getpid()), "w") as _f:
     json.dump(_rec, _f)
 """
@@ -59,6 +64,14 @@ def working_dir(root: Path, probes: Path) -> Path:
     return wd
 
 
+def py_module(root: Path) -> Path:
+    """A package for `py_modules` (uploaded as a `gcs://` package of its own)."""
+    pkg = root / "mods" / "scprobe_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"MARKER = {MARKER!r}\n")
+    return pkg
+
+
 ARGS = {"dtype": "float32", "tp_size": 2, "engine_process": True, "max_num_seqs": 4}
 
 
@@ -72,7 +85,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     probes = root / "probes"
     probes.mkdir()
     env = {"SCPROBE_MARKER": MARKER}
-    runtime_env = {"working_dir": str(working_dir(root, probes)), "excludes": ["big/"]}
+    runtime_env = {
+        "working_dir": str(working_dir(root, probes)),
+        "excludes": ["big/"],
+        "py_modules": [str(py_module(root))],
+    }
     args = {**ARGS, "model": str(ckpt)}
     with serve_app(root, args, env, runtime_env=runtime_env, num_replicas=1) as url:
         yield url, probes
@@ -87,7 +104,7 @@ def seen_by(probes: Path, marker: str) -> list[dict[str, Any]]:
     return [json.loads((probes / f"{p}.json").read_text()) for p in pids]
 
 
-def test_tp_workers_get_the_replicas_working_dir_and_env_vars(
+def test_tp_workers_get_the_replicas_working_dir_py_modules_and_env_vars(
     served: tuple[str, Path],
 ) -> None:
     _, probes = served
@@ -95,15 +112,16 @@ def test_tp_workers_get_the_replicas_working_dir_and_env_vars(
     (core,) = seen_by(probes, CORE)
     ranks = seen_by(probes, TP_WORKER)
     assert len(ranks) == 2
-    want = {"env": MARKER, "marker": MARKER}
+    want = {"env": MARKER, "marker": MARKER, "pkg_marker": MARKER}
     pkg = Path(replica["cwd"])
     # Serve uploaded the local dir as a gcs:// package, unpacked on this node.
     assert pkg.name.startswith("_ray_pkg_") and (pkg / "marker.txt").read_text() == MARKER
     assert not (pkg / "big").exists()  # excluded from the upload
     assert replica["module"] == str(pkg / "scprobe_marker.py")
+    assert "/_ray_pkg_" in replica["pkg"]  # py_modules: a gcs:// package of its own
     for who, rec in [("core", core), ("rank 0", ranks[0]), ("rank 1", ranks[1])]:
         assert {k: rec[k] for k in want} == want, (who, rec)
-        assert rec["module"] == replica["module"], (who, rec)
+        assert (rec["module"], rec["pkg"]) == (replica["module"], replica["pkg"]), (who, rec)
     for rank in ranks:  # the workers run in the package, as the replica does
         assert rank["cwd"] == replica["cwd"]
 

@@ -54,7 +54,12 @@ def this_replicas_seat() -> ClusterSeat:
 
 def join_cluster(seat: ClusterSeat) -> None:
     """Connect this process to the replica's cluster as a driver. NOTE: no dashboard, log
-    forwarding or runtime of its own: the replica's cluster already has them."""
+    forwarding or runtime of its own: the replica's cluster already has them.
+
+    Why the runtime env goes over whole: it becomes this job's, so the TP workers start in the
+    replica's `working_dir` and `py_modules` (already `gcs://` URIs: nothing is uploaded again),
+    with its `env_vars`, and in its `pip` virtualenv, which the replica's start created on this
+    node and Ray reuses (tests/deployments/test_engine_core_tp_runtime_env.py)."""
     import ray
 
     ray.init(

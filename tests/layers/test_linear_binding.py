@@ -21,7 +21,7 @@ from shortconv.layers.linear_binding import (
 from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
 from shortconv.layers.linear_float import FLOAT
 from shortconv.layers.linear_method import LinearMethod
-from shortconv.layers.quantize import Q4Linear, Q8Linear
+from shortconv.layers.quantize import Q4Linear, Q6Linear, Q8Linear
 from shortconv.layers.vocab import LMHead
 from shortconv.models.build import build_model
 from shortconv.models.registry import model_class
@@ -57,9 +57,9 @@ POLICIES: dict[str, tuple[LinearPolicy, LinearMethod, LinearMethod]] = {
     # name: (policy, method of every projection, method of the tied LM head)
     "fp32": (LinearPolicy(cpu_gemm=True), CPU_GEMM, CPU_GEMM),
     "fp32-torch": (TORCH_LINEARS, FLOAT, FLOAT),
-    # The quantized head is q8 under both formats; the tied embedding keeps its float rows.
+    # The quantized head is q8 under int8, q6 under int4; the tied embedding keeps its float rows.
     "int8": (LinearPolicy("int8", cpu_gemm=True), Q8Linear(), Q8Linear(keep_float=True)),
-    "int4": (LinearPolicy("int4", cpu_gemm=True), Q4Linear(), Q8Linear(keep_float=True)),
+    "int4": (LinearPolicy("int4", cpu_gemm=True), Q4Linear(), Q6Linear(keep_float=True)),
     "int8-float-head": (
         LinearPolicy("int8", quantize_lm_head=False, cpu_gemm=True),
         Q8Linear(),
@@ -108,8 +108,8 @@ def test_each_layer_kind_is_bound_to_its_method(
     assert tied == cfg.tie_word_embeddings
     for kind, layers in kinds.items():
         want = head if kind == HEAD else projection
-        if kind == HEAD and not tied and want == Q8Linear(keep_float=True):
-            want = Q8Linear()
+        if kind == HEAD and not tied and want in (Q8Linear(keep_float=True), Q6Linear(True)):
+            want = type(want)()
         got = {layer.method for layer in layers}
         assert got == {want}, f"{arch} {policy_name}: {kind} bound to {got}, want {want}"
 

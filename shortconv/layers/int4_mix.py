@@ -14,6 +14,7 @@ from collections.abc import Iterable
 # A dense SwiGLU's down projection: `layers.{i}.feed_forward.w2` (LFM2, LFM3; MoE experts are
 # no linear layer, so they stay in their own format).
 _FFN_DOWN = re.compile(r"(?:^|\.)layers\.(\d+)\.feed_forward\.w2$")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def more_bits(layer: int, num_layers: int) -> bool:
@@ -24,7 +25,10 @@ def more_bits(layer: int, num_layers: int) -> bool:
 
 def q6_ffn_down(names: Iterable[str]) -> frozenset[str]:
     """The names among `names` (qualified linear names) of the ffn_down layers the rule picks,
-    counting layers as llama.cpp counts ffn_down tensors (one per layer that has one)."""
-    layers = {n: int(m.group(1)) for n in names if (m := _FFN_DOWN.search(n))}
-    order = sorted(set(layers.values()))
-    return frozenset(n for n, i in layers.items() if more_bits(order.index(i), len(order)))
+    by their layer index among all the model's layers (llama.cpp's i_layer of n_layer)."""
+    names = list(names)
+    indices = [int(m.group(1)) for n in names if (m := _LAYER.search(n))]
+    num_layers = max(indices, default=-1) + 1
+    return frozenset(
+        n for n in names if (m := _FFN_DOWN.search(n)) and more_bits(int(m.group(1)), num_layers)
+    )

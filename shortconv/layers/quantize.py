@@ -1,5 +1,5 @@
 """The quantized linear methods (`EngineConfig.quantization`: "int8" is q8, "int4" is q4 with
-a q6 LM head: layers.linear_binding) and the weight-bytes report.
+the LM head and Q4_K_M's ffn_down layers in q6: layers.linear_binding) and the weight-bytes report.
 
 q8 (kernels/cpu_gemm): int8 weights with one fp32 scale per 32 consecutive weights of a row.
 q4 (kernels/cpu_gemm_q4): 4-bit codes with an fp16 scale and min per 32 weights of a row.
@@ -69,7 +69,8 @@ class Q4Linear(LinearMethod):
 @dataclass(frozen=True)
 class Q6Linear(LinearMethod):
     """x W^T for a q6 weight (6-bit codes, fp16 scale per 32), at every batch size through our
-    q6 kernel: int4's LM head, where Q4_K_M keeps Q6_K (docs/quantization.md). `keep_float` as
+    q6 kernel: int4's LM head and ffn_down in Q4_K_M's layers, where it keeps Q6_K
+    (docs/quantization.md). `keep_float` as
     for Q8Linear."""
 
     keep_float: bool = False

@@ -21,7 +21,8 @@ from shortconv.kernels.cpu_gemm import Q8Weight
 from shortconv.kernels.cpu_gemm_q4 import Q4Weight
 from shortconv.kernels.cpu_gemm_q6 import Q6Weight
 from shortconv.layers import quantize as quantize_mod
-from shortconv.layers.linear import LinearBase
+from shortconv.layers.int4_mix import q6_ffn_down
+from shortconv.layers.linear_binding import linear_layers
 from shortconv.layers.vocab import LMHead
 from shortconv.llm import LLM
 from shortconv.metrics.recorder import serve_metrics
@@ -149,17 +150,26 @@ def test_the_projections_and_the_head_are_quantized_and_the_tied_embedding_stays
     assert head.weight is emb and emb.numel() and emb.dtype == torch.float32  # exact lookups
     head_bytes = getattr(head, head_slot).nbytes
     assert head_bytes == emb.numel() * head_bits / 8
-    body = [m for m in quant.model.modules() if isinstance(m, LinearBase) and m is not head]
-    for m in body:
-        assert m.method.name == slot and getattr(m, slot) is not None
+    # Under int4, Q4_K_M's ffn_down layers are q6 too (layers.int4_mix): 6.5 bits a weight.
+    layers = linear_layers(quant.model)
+    picked = q6_ffn_down(n for n, _ in layers) if method == "int4" else frozenset()
+    assert picked or method == "int8"
+    q6_weights = 0
+    for name, m in layers:
+        if m is head:
+            continue
+        want_slot = "q6" if name in picked else slot
+        assert m.method.name == want_slot and getattr(m, want_slot) is not None, name
         assert m.weight.numel() == 0
+        q6_weights += m.q6.scale.numel() * 32 if m.q6 is not None else 0
     before, after = plain.weight_bytes, quant.weight_bytes
     assert set(before) == {"float32"} and set(after) == {"float32", head_key, method}
-    moved = before["float32"] - after["float32"]  # the projections' fp32 bytes
-    body_bytes = moved * bits // 32
-    want = {"int8": body_bytes + head_bytes} if method == "int8" else {"int4": body_bytes}
-    assert {k: after[k] for k in want} == want
-    assert after[head_key] == (head_bytes if method == "int4" else body_bytes + head_bytes)
+    moved = (before["float32"] - after["float32"]) // 4  # the projections' weights
+    body_bytes = (moved - q6_weights) * bits // 8
+    if method == "int8":
+        assert after["int8"] == body_bytes + head_bytes
+    else:
+        assert after["int4"] == body_bytes and after["int6"] == head_bytes + q6_weights * 6.5 / 8
 
 
 @pytest.mark.parametrize("method", sorted(FORMATS))
@@ -230,5 +240,5 @@ def test_weight_bytes_by_dtype_are_a_gauge(ckpts: dict[str, Path]) -> None:
     }
     want = llm.engine.weight_bytes
     assert set(want) == {"float32", "int8"} and want["int8"] > 0
-    zeros = {"bfloat16": 0, "float16": 0, "int4": 0}
+    zeros = {"bfloat16": 0, "float16": 0, "int4": 0, "int6": 0}
     assert got == {"float32": want["float32"], "int8": want["int8"], **zeros}

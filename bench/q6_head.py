@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shortconv.kernels import cpu_gemm as cg  # noqa: E402
-from shortconv.kernels.cpu_gemm_q4 import gemm_q4, quantize_q4  # noqa: E402
-from shortconv.kernels.cpu_gemm_q6 import gemm_q6, quantize_q6  # noqa: E402
+from shortconv.kernels.cpu_gemm_q4 import Q4Weight, gemm_q4, quantize_q4  # noqa: E402
+from shortconv.kernels.cpu_gemm_q6 import Q6Weight, gemm_q6, quantize_q6  # noqa: E402
 
 
 def seconds(fn: Callable[..., torch.Tensor], *args: object) -> float:
@@ -42,8 +42,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     n, k = (int(v) for v in args.shape.split("x"))
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.02
-    weights = {"q8": cg.quantize_q8(w), "q6": quantize_q6(w), "q4": quantize_q4(w)}
-    gemms = {"q8": cg.gemm_q8, "q6": gemm_q6, "q4": gemm_q4}
+    weights: dict[str, cg.Q8Weight | Q6Weight | Q4Weight] = {
+        "q8": cg.quantize_q8(w),
+        "q6": quantize_q6(w),
+        "q4": quantize_q4(w),
+    }
+    gemms: dict[str, Callable[..., torch.Tensor]] = {"q8": cg.gemm_q8, "q6": gemm_q6, "q4": gemm_q4}
     print(", ".join(f"{f} {qw.nbytes / 1e6:.1f} MB" for f, qw in weights.items()))
     isas = ["avx2", "avx512", "avx512vnni"]
     for isa in isas[: isas.index(cg.cpu_isa()) + 1]:

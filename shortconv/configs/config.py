@@ -191,13 +191,13 @@ class EngineConfig:
     # embedding (for lookups), routed experts and vision towers keep the model dtype; the LM
     # head is quantized too unless quantize_lm_head is off. "int4": 4-bit codes with a scale and
     # a min per 32 weights of a row, on CPU (kernels/cpu_gemm_q4), the same weights, with the
-    # LM head in int8. "fp8" is named so a YAML asking for it is refused at start-up with the
-    # reason.
+    # LM head and Q4_K_M's ffn_down layers in q6 (kernels/cpu_gemm_q6). "fp8" is named so a
+    # YAML asking for it is refused at start-up with the reason.
     quantization: Literal["none", "int8", "int4", "fp8"] = "none"
-    # With quantization: the LM head too (int8 under both int8 and int4), as llama.cpp quantizes
+    # With quantization: the LM head too (q8 under int8, q6 under int4), as llama.cpp quantizes
     # its output tensor, so equal bits mean the same thing. A head tied to the embedding gets
     # its own quantized copy (the embedding keeps its float rows, so lookups stay exact), and
-    # decode reads the head's int8 bytes instead of its float ones. Off: the head stays in the
+    # decode reads the head's quantized bytes instead of its float ones. Off: the head stays in the
     # model dtype.
     quantize_lm_head: bool = True
     # Automatic prefix caching (shortconv.cache.prefix_cache): KV pages shared by reference,

@@ -332,6 +332,7 @@ at::Tensor gemm_q8(const at::Tensor& x_in, const at::Tensor& q_in, const at::Ten
 }
 
 #include "cpu_gemm_q4.inc"
+#include "cpu_gemm_q6.inc"
 
 }  // namespace
 
@@ -339,6 +340,7 @@ TORCH_LIBRARY(shortconv_cpu, m) {
   m.def("gemm_f32(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("gemm_q8(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
   m.def("gemm_q4(Tensor x, Tensor q, Tensor scale, Tensor min, Tensor? bias) -> Tensor");
+  m.def("gemm_q6(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
   m.def("set_isa(str want) -> str", TORCH_FN(set_isa));
 }
 
@@ -346,4 +348,5 @@ TORCH_LIBRARY_IMPL(shortconv_cpu, CPU, m) {
   m.impl("gemm_f32", TORCH_FN(gemm_f32));
   m.impl("gemm_q8", TORCH_FN(gemm_q8));
   m.impl("gemm_q4", TORCH_FN(gemm_q4));
+  m.impl("gemm_q6", TORCH_FN(gemm_q6));
 }

@@ -35,7 +35,7 @@ SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
 # tiles): all of them key the cache.
 SOURCES = (SOURCE,) + tuple(
     SOURCE.with_name(f"cpu_gemm_{part}.inc")
-    for part in ("q4", "f32_512", "q8_512", "q8_vnni", "q4_512", "q4_vnni")
+    for part in ("q4", "f32_512", "q8_512", "q8_vnni", "q4_512", "q4_vnni", "q6")
 )
 _LOCK = threading.Lock()
 _STATE: dict[str, str | None] = {}  # "error": why the kernels are unavailable, None once loaded

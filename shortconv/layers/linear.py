@@ -15,6 +15,7 @@ from torch import nn
 from shortconv.execution.parallel import ParallelContext
 from shortconv.kernels.cpu_gemm import Q8Weight
 from shortconv.kernels.cpu_gemm_q4 import Q4Weight
+from shortconv.kernels.cpu_gemm_q6 import Q6Weight
 from shortconv.layers.linear_float import FLOAT
 from shortconv.layers.linear_method import LinearMethod, PackedWeight
 from shortconv.layers.shard import load_shard_, mark_rows, mark_shard
@@ -52,6 +53,7 @@ class LinearBase(nn.Module):
     blocked: PackedWeight | None = None  # OneDnnLinear's prepacked copy
     q8: Q8Weight | None = None  # Q8Linear's weight
     q4: Q4Weight | None = None  # Q4Linear's weight
+    q6: Q6Weight | None = None  # Q6Linear's weight
     lora: LoraSlots | None = None  # LoRALinear's adapter slots
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,9 @@ kernel chosen when the method was picked (shortconv.layers.linear_binding), neve
 The layer owns its shape and TP sharding; the method never sees the checkpoint's full tensor.
 
 NOTE: methods are immutable and hold no tensors; what a method derives from the weight lives
-on the layer (`layer.blocked`, `layer.q8`, `layer.q4`), so one method object may serve many
-layers and a wrapper (LoRA, docs/lora.md) can delegate to a base method without copying its
-state.
+on the layer (`layer.blocked`, `layer.q8`, `layer.q4`, `layer.q6`), so one method object may
+serve many layers and a wrapper (LoRA, docs/lora.md) can delegate to a base method without
+copying its state.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 from shortconv.kernels.cpu_gemm import Q8Weight
 from shortconv.kernels.cpu_gemm_q4 import Q4Weight
+from shortconv.kernels.cpu_gemm_q6 import Q6Weight
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class LinearLayer(Protocol):
     blocked: PackedWeight | None
     q8: Q8Weight | None
     q4: Q4Weight | None
+    q6: Q6Weight | None
 
 
 class LinearMethod:

@@ -30,7 +30,8 @@ FALLBACK_REASONS = ("no_bucket", "mixed_width", "replay_error")
 FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.ERROR)
 STEP_PHASES = ("decode", "extend", "mixed")
 KV_GROUP_KINDS = ("full", "sliding")  # EngineStats.kv_pages_*_by_kind's keys
-WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # weight_bytes_by_dtype's keys
+# weight_bytes_by_dtype's keys ("int6": q6, int4's LM head and some ffn_down layers)
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "int6")
 # What happens to a session state bundle, and why one is refused: the bundle's own checks
 # (truncated, checksum, version, format), a layout that is not this engine's (fingerprint,
 # dtype, tp_size, page_size), tensors that do not fit (shape), no free slot or pages (no_room),
@@ -111,7 +112,8 @@ METRICS: tuple[MetricDef, ...] = (
         "engine.weight_bytes_by_dtype",
         "Weight bytes of TP rank 0 (the replica with tp_size 1) by storage dtype, from start-up "
         "(int8 with quantization int8: the weights and their scales; int4 with int4: the codes, "
-        "scales and mins).",
+        "scales and mins; int6 with int4: the q6 LM head's and ffn_down layers' codes and "
+        "scales).",
         "dtype",
     ),
     _m(

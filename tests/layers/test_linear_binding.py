@@ -11,6 +11,7 @@ from torch import nn
 from shortconv.configs.config import ModelConfig
 from shortconv.errors import ConfigError
 from shortconv.execution.parallel import SINGLE
+from shortconv.layers.int4_mix import more_bits, q6_ffn_down
 from shortconv.layers.linear import LinearBase, ReplicatedLinear
 from shortconv.layers.linear_binding import (
     TORCH_LINEARS,
@@ -21,7 +22,7 @@ from shortconv.layers.linear_binding import (
 from shortconv.layers.linear_cpu_gemm import CpuGemmLinear
 from shortconv.layers.linear_float import FLOAT
 from shortconv.layers.linear_method import LinearMethod
-from shortconv.layers.quantize import Q4Linear, Q8Linear
+from shortconv.layers.quantize import Q4Linear, Q6Linear, Q8Linear
 from shortconv.layers.vocab import LMHead
 from shortconv.models.build import build_model
 from shortconv.models.registry import model_class
@@ -57,9 +58,9 @@ POLICIES: dict[str, tuple[LinearPolicy, LinearMethod, LinearMethod]] = {
     # name: (policy, method of every projection, method of the tied LM head)
     "fp32": (LinearPolicy(cpu_gemm=True), CPU_GEMM, CPU_GEMM),
     "fp32-torch": (TORCH_LINEARS, FLOAT, FLOAT),
-    # The quantized head is q8 under both formats; the tied embedding keeps its float rows.
+    # The quantized head is q8 under int8, q6 under int4; the tied embedding keeps its float rows.
     "int8": (LinearPolicy("int8", cpu_gemm=True), Q8Linear(), Q8Linear(keep_float=True)),
-    "int4": (LinearPolicy("int4", cpu_gemm=True), Q4Linear(), Q8Linear(keep_float=True)),
+    "int4": (LinearPolicy("int4", cpu_gemm=True), Q4Linear(), Q6Linear(keep_float=True)),
     "int8-float-head": (
         LinearPolicy("int8", quantize_lm_head=False, cpu_gemm=True),
         Q8Linear(),
@@ -106,12 +107,28 @@ def test_each_layer_kind_is_bound_to_its_method(
     assert set(kinds) == KINDS[arch]
     tied = model.get_submodule(_head_name(model)).weight.data_ptr() == _embed_ptr(model)
     assert tied == cfg.tie_word_embeddings
+    # Under int4, Q4_K_M's ffn_down layers are q6 (layers.int4_mix), the rest of the body q4.
+    names = {id(layer): name for name, layer in linear_layers(model)}
+    picked = q6_ffn_down(names.values()) if policy.quantization == "int4" else frozenset()
     for kind, layers in kinds.items():
         want = head if kind == HEAD else projection
-        if kind == HEAD and not tied and want == Q8Linear(keep_float=True):
-            want = Q8Linear()
-        got = {layer.method for layer in layers}
-        assert got == {want}, f"{arch} {policy_name}: {kind} bound to {got}, want {want}"
+        if kind == HEAD and not tied and want in (Q8Linear(keep_float=True), Q6Linear(True)):
+            want = type(want)()
+        got = {layer.method for layer in layers if names[id(layer)] not in picked}
+        if got:
+            assert got == {want}, f"{arch} {policy_name}: {kind} bound to {got}, want {want}"
+        assert all(layer.method == Q6Linear() for layer in layers if names[id(layer)] in picked)
+    if policy.quantization == "int4" and arch in ("lfm2", "lfm3"):
+        assert picked, "the rule picks at least the last layer's ffn_down"
+
+
+def test_q4_k_m_ffn_down_rule_picks_llama_cpps_layers() -> None:
+    # llama.cpp's use_more_bits on a 16-layer model (LFM2-350M's Q4_K_M): 0, 1, 4, 7, 10, 13,
+    # 14, 15 in Q6_K.
+    assert [i for i in range(16) if more_bits(i, 16)] == [0, 1, 4, 7, 10, 13, 14, 15]
+    names = [f"model.layers.{i}.feed_forward.w{j}" for i in range(16) for j in (1, 2, 3)]
+    want = {f"model.layers.{i}.feed_forward.w2" for i in (0, 1, 4, 7, 10, 13, 14, 15)}
+    assert q6_ffn_down(names) == want
 
 
 def _head_name(model: nn.Module) -> str:

@@ -19,8 +19,10 @@ from shortconv.configs.support import check_quantization
 from shortconv.errors import ConfigError
 from shortconv.kernels.cpu_gemm import Q8Weight
 from shortconv.kernels.cpu_gemm_q4 import Q4Weight
+from shortconv.kernels.cpu_gemm_q6 import Q6Weight
 from shortconv.layers import quantize as quantize_mod
-from shortconv.layers.linear import LinearBase
+from shortconv.layers.int4_mix import q6_ffn_down
+from shortconv.layers.linear_binding import linear_layers
 from shortconv.layers.vocab import LMHead
 from shortconv.llm import LLM
 from shortconv.metrics.recorder import serve_metrics
@@ -90,19 +92,19 @@ def _q4_groups_shifted(qw: Q4Weight) -> Q4Weight:
     return Q4Weight(qw.q, qw.scale.roll(1, dims=1), qw.min.roll(1, dims=1))
 
 
-def _q8_groups_shifted(qw: Q8Weight) -> Q8Weight:
-    # Under int4 only the LM head is q8: its blocks read their neighbour's scales. (Scaling
+def _q6_groups_shifted(qw: Q6Weight) -> Q6Weight:
+    # Under int4 only the LM head is q6: its blocks read their neighbour's scales. (Scaling
     # every head scale alike would only sharpen the softmax and keep each argmax.)
-    return Q8Weight(qw.q, qw.scale.roll(1, dims=1))
+    return Q6Weight(qw.q, qw.scale.roll(1, dims=1))
 
 
-# method: (the quantizer the method calls, a breakage of its output); int4's head is q8.
+# method: (the quantizer the method calls, a breakage of its output); int4's head is q6.
 BREAKAGES = {
     "int8": [("quantize_q8", _q8_scales_off_by_a_tenth)],
     "int4": [
         ("quantize_q4", _q4_scales_doubled),
         ("quantize_q4", _q4_groups_shifted),
-        ("quantize_q8", _q8_groups_shifted),
+        ("quantize_q6", _q6_groups_shifted),
     ],
 }
 
@@ -128,7 +130,9 @@ def test_wrong_scales_fail_the_quality_bound(
 
 # quantization: (the layer's slot and method name, bits a weight: codes + scale [+ min] / 32)
 FORMATS = {"int8": ("q8", 8 + 1), "int4": ("q4", 4 + 1)}  # q4's scale and min are fp16
-Q8_HEAD_BITS = 8 + 1  # the LM head is q8 under both formats
+# The LM head: q8 under int8; q6 (6-bit codes + an fp16 scale per 32) under int4, with its
+# bytes reported as "int6".
+HEADS = {"int8": ("q8", "int8", 8 + 1), "int4": ("q6", "int6", 6.5)}
 
 
 @pytest.mark.parametrize("method", sorted(FORMATS))
@@ -136,24 +140,36 @@ def test_the_projections_and_the_head_are_quantized_and_the_tied_embedding_stays
     ckpts: dict[str, Path], method: str
 ) -> None:
     slot, bits = FORMATS[method]
+    head_slot, head_key, head_bits = HEADS[method]
     plain = quant_quality.runner_for(ckpts["lfm2"], "none", 64)
     quant = quant_quality.runner_for(ckpts["lfm2"], method, 64)
     head = quant.model.lm_head
-    assert isinstance(head, LMHead) and head.method.name == "q8" and head.q4 is None
+    assert isinstance(head, LMHead) and head.method.name == head_slot
+    assert [s for s in ("q8", "q4", "q6") if getattr(head, s) is not None] == [head_slot]
     emb = quant.model.embed_tokens.weight
     assert head.weight is emb and emb.numel() and emb.dtype == torch.float32  # exact lookups
-    assert head.q8 is not None and head.q8.nbytes == emb.numel() * Q8_HEAD_BITS // 8
-    body = [m for m in quant.model.modules() if isinstance(m, LinearBase) and m is not head]
-    for m in body:
-        assert m.method.name == slot and getattr(m, slot) is not None
+    head_bytes = getattr(head, head_slot).nbytes
+    assert head_bytes == emb.numel() * head_bits / 8
+    # Under int4, Q4_K_M's ffn_down layers are q6 too (layers.int4_mix): 6.5 bits a weight.
+    layers = linear_layers(quant.model)
+    picked = q6_ffn_down(n for n, _ in layers) if method == "int4" else frozenset()
+    assert picked or method == "int8"
+    q6_weights = 0
+    for name, m in layers:
+        if m is head:
+            continue
+        want_slot = "q6" if name in picked else slot
+        assert m.method.name == want_slot and getattr(m, want_slot) is not None, name
         assert m.weight.numel() == 0
+        q6_weights += m.q6.scale.numel() * 32 if m.q6 is not None else 0
     before, after = plain.weight_bytes, quant.weight_bytes
-    assert set(before) == {"float32"} and set(after) == {"float32", "int8", method}
-    moved = before["float32"] - after["float32"]  # the projections' fp32 bytes
-    body_bytes, head_bytes = moved * bits // 32, head.q8.nbytes
-    split = {"int4": body_bytes, "int8": head_bytes}
-    want = {"int8": body_bytes + head_bytes} if method == "int8" else split
-    assert {k: after[k] for k in want} == want
+    assert set(before) == {"float32"} and set(after) == {"float32", head_key, method}
+    moved = (before["float32"] - after["float32"]) // 4  # the projections' weights
+    body_bytes = (moved - q6_weights) * bits // 8
+    if method == "int8":
+        assert after["int8"] == body_bytes + head_bytes
+    else:
+        assert after["int4"] == body_bytes and after["int6"] == head_bytes + q6_weights * 6.5 / 8
 
 
 @pytest.mark.parametrize("method", sorted(FORMATS))
@@ -161,9 +177,9 @@ def test_quantize_lm_head_off_keeps_the_head_float(ckpts: dict[str, Path], metho
     both = quant_quality.runner_for(ckpts["lfm2"], method, 64)
     body = quant_quality.runner_for(ckpts["lfm2"], method, 64, quantize_lm_head=False)
     head = body.model.lm_head
-    assert isinstance(head, LMHead) and head.q8 is None and head.q4 is None
+    assert isinstance(head, LMHead) and head.q8 is None and head.q4 is None and head.q6 is None
     assert head.method.name == "cpu_gemm" and head.weight.numel()
-    assert both.model.lm_head.q8 is not None
+    assert getattr(both.model.lm_head, HEADS[method][0]) is not None
     assert both.weight_bytes["float32"] == body.weight_bytes["float32"]  # the tied rows stay
     q = quant_quality.measure(ckpts["lfm2"], method, POSITIONS, length=256, quantize_lm_head=False)
     max_kl, min_top1 = BOUNDS[method, "lfm2"]
@@ -224,5 +240,5 @@ def test_weight_bytes_by_dtype_are_a_gauge(ckpts: dict[str, Path]) -> None:
     }
     want = llm.engine.weight_bytes
     assert set(want) == {"float32", "int8"} and want["int8"] > 0
-    zeros = {"bfloat16": 0, "float16": 0, "int4": 0}
+    zeros = {"bfloat16": 0, "float16": 0, "int4": 0, "int6": 0}
     assert got == {"float32": want["float32"], "int8": want["int8"], **zeros}

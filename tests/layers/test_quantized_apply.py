@@ -1,4 +1,4 @@
-"""The q4/q8 methods' fp32 rows path (straight to the kernel) against their general path."""
+"""The q4/q6/q8 methods' fp32 rows path (straight to the kernel) against their general path."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import torch
 from shortconv.kernels import cpu_gemm as cg
 from shortconv.kernels.cpu_gemm import gemm_q8_ref
 from shortconv.kernels.cpu_gemm_q4 import gemm_q4_ref, q4_int8_activations
+from shortconv.kernels.cpu_gemm_q6 import gemm_q6_ref
 from shortconv.layers.linear import ReplicatedLinear
 from shortconv.layers.linear_method import LinearMethod
-from shortconv.layers.quantize import Q4Linear, Q8Linear
+from shortconv.layers.quantize import Q4Linear, Q6Linear, Q8Linear
 
 pytestmark = pytest.mark.skipif(
     not (cg.cpu_has_avx2_fma() and (shutil.which("c++") or shutil.which("g++"))),
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("method", [Q4Linear(), Q8Linear()], ids=lambda m: m.name)
+@pytest.mark.parametrize("method", [Q4Linear(), Q6Linear(), Q8Linear()], ids=lambda m: m.name)
 @pytest.mark.parametrize("rows", [1, 5])
 def test_fp32_rows_equal_the_general_path(method: LinearMethod, rows: int) -> None:
     """[T, K] fp32 skips the reshape and casts; a [1, T, K] input takes the general path. The
@@ -43,6 +44,8 @@ def test_fp32_rows_equal_the_general_path(method: LinearMethod, rows: int) -> No
     # the layer's product with its bias, not merely what the general path also returns.
     if layer.q4 is not None:
         ref = gemm_q4_ref(x, layer.q4, layer.bias, int8_x=q4_int8_activations())
+    elif layer.q6 is not None:
+        ref = gemm_q6_ref(x, layer.q6, layer.bias)
     else:
         assert layer.q8 is not None
         ref = gemm_q8_ref(x, layer.q8, layer.bias)

@@ -362,8 +362,10 @@ def test_tp_quantized_equals_tp1_quantized(group: Group, method: str) -> None:
         for rid in ref:
             assert_same_greedy(got[rid], ref[rid], tol=0.15 if coarse else 1e-3)
         assert method in tp1.runner.weight_bytes and method in tp2.weight_bytes()
-        # The vocab-parallel LM head is q8 under both formats: each rank quantizes whole rows.
-        assert "int8" in tp1.runner.weight_bytes and "int8" in tp2.weight_bytes()
+        # The vocab-parallel LM head (q8 under int8, q6 under int4): each rank quantizes whole
+        # rows.
+        head = {"int8": "int8", "int4": "int6"}[method]
+        assert head in tp1.runner.weight_bytes and head in tp2.weight_bytes()
     finally:
         tp2.shutdown()
         tp1.shutdown()

@@ -21,33 +21,36 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.shape = (dim,)  # rms_norm's normalized_shape, bound once
         self.weight = mark_shard(nn.Parameter(torch.ones(dim)), None)
-        self._fp32 = self._torch_fp32
+        self._forward = self._torch_forward
 
     def bind_kernel(self, use: bool) -> bool:
-        """Bind this layer's fp32 calls to our fused kernel (`use`, where the weight is fp32 on
-        CPU; the library must be loaded) or to torch.rms_norm. Returns whether it took ours."""
+        """Bind this layer's calls to our fused kernel (`use`, where the weight is fp32 on CPU;
+        the library must be loaded) or to torch's path. Returns whether it took ours."""
         use = use and self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
         if use and not cpu_gemm.loaded():
             raise RuntimeError("RMSNorm.bind_kernel: the CPU kernels are not loaded")
-        self._fp32 = self._kernel_fp32 if use else self._torch_fp32
+        self._forward = self._kernel_forward if use else self._torch_forward
         return use
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(x)
+
+    def _torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return self._fp32(x)
+            # fp32 needs no casts, and the fused op is the same products in the same order
+            # (tested bit-equal): one call instead of six small ops. torch.rms_norm is what
+            # F.rms_norm calls, without its Python wrapper (45 calls a step at LFM2-350M).
+            return torch.rms_norm(x, self.shape, self.weight, self.eps)
         return self.reference(x)
 
-    def _torch_fp32(self, x: torch.Tensor) -> torch.Tensor:
-        # fp32 needs no casts, and the fused op is the same products in the same order
-        # (tested bit-equal): one call instead of six small ops. torch.rms_norm is what
-        # F.rms_norm calls, without its Python wrapper (45 calls a step at LFM2-350M).
-        return torch.rms_norm(x, self.shape, self.weight, self.eps)
-
-    def _kernel_fp32(self, x: torch.Tensor) -> torch.Tensor:
-        # One op dispatch and a C++ row loop (kernels/cpu_norm.inc) instead of torch.rms_norm's
-        # ~10 ATen ops: ~30 us -> a few us a call at one row. Its fp32 sum of squares is in
-        # another order than torch's, so it is close to `reference`, not bit-equal.
-        return rms_norm_cpu(x, self.weight, self.eps)
+    def _kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The weight is fp32 (bound so). One op dispatch and a C++ row loop
+        # (kernels/cpu_norm.inc) instead of torch.rms_norm's ~10 ATen ops: ~10 -> ~4 us a call
+        # at one row, Module call included. Its fp32 sum of squares is in another order than
+        # torch's, so it is close to `reference`, not bit-equal.
+        if x.dtype == torch.float32:
+            return rms_norm_cpu(x, self.weight, self.eps)
+        return self.reference(x)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype

@@ -28,7 +28,7 @@ def _norms(dtype: torch.dtype, policy: LinearPolicy) -> list[RMSNorm]:
 
 
 def _uses_kernel(norm: RMSNorm) -> bool:
-    return norm._fp32 == norm._kernel_fp32
+    return norm._forward == norm._kernel_forward
 
 
 def test_an_fp32_cpu_model_binds_every_norm_to_the_kernel() -> None:

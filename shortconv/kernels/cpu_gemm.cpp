@@ -87,6 +87,7 @@ inline void tile_f32(const F32Row* rows, int64_t K, const float* x, int64_t ldx,
 }
 
 #include "cpu_gemm_f32_512.inc"  // the fp32 tiles' AVX-512 twins, and the choice of ISA
+#include "cpu_norm.inc"          // the fused fp32 RMSNorm (its AVX-512 row where chosen)
 
 struct Q8Row {
   const int8_t* q;
@@ -342,6 +343,7 @@ TORCH_LIBRARY(shortconv_cpu, m) {
   m.def("gemm_q4(Tensor x, Tensor q, Tensor scale, Tensor min, Tensor? bias) -> Tensor");
   m.def("gemm_q6(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
   m.def("set_isa(str want) -> str", TORCH_FN(set_isa));
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(shortconv_cpu, CPU, m) {
@@ -349,4 +351,5 @@ TORCH_LIBRARY_IMPL(shortconv_cpu, CPU, m) {
   m.impl("gemm_q8", TORCH_FN(gemm_q8));
   m.impl("gemm_q4", TORCH_FN(gemm_q4));
   m.impl("gemm_q6", TORCH_FN(gemm_q6));
+  m.impl("rms_norm", TORCH_FN(rms_norm));
 }

@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 
 Q8_BLOCK = 32  # weights per scale
 SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
-# Sources the build reads (cpu_gemm.cpp includes the q4 kernel and the AVX-512 fp32, q8 and q4
-# tiles): all of them key the cache.
-SOURCES = (SOURCE,) + tuple(
+# Sources the build reads (cpu_gemm.cpp includes the q4 kernel, the AVX-512 fp32, q8 and q4
+# tiles and the fused RMSNorm): all of them key the cache.
+SOURCES = (SOURCE, SOURCE.with_name("cpu_norm.inc")) + tuple(
     SOURCE.with_name(f"cpu_gemm_{part}.inc")
     for part in ("q4", "f32_512", "q8_512", "q8_vnni", "q4_512", "q4_vnni", "q6")
 )

@@ -12,6 +12,7 @@ from torch import nn
 from shortconv.configs.config import ModelConfig
 from shortconv.execution.parallel import ParallelContext
 from shortconv.layers.linear_binding import TORCH_LINEARS, LinearPolicy, bind_linear_methods
+from shortconv.layers.norm import bind_rms_norms
 
 
 @contextmanager
@@ -41,7 +42,9 @@ def build_model(
     linears: LinearPolicy = TORCH_LINEARS,
 ) -> ModuleT:
     """`cls(cfg, tp)` allocated in `dtype` on `device`, inference-only (no autograd), each
-    linear layer bound to its method by `linears` (its weights still to load).
+    linear layer bound to its method by `linears` (its weights still to load), and each
+    RMSNorm to our fused CPU kernel where `linears.cpu_gemm` (our kernels loaded and wanted)
+    and it is fp32 on CPU.
 
     NOTE: the final `.to(dtype)` still converts the few tensors created explicitly in fp32
     (router biases, rotary tables): the engine serves everything in one dtype."""
@@ -49,4 +52,5 @@ def build_model(
         model = cls(cfg, tp)
     model = model.to(dtype=dtype).requires_grad_(False).eval()
     bind_linear_methods(model, linears)
+    bind_rms_norms(model, linears.cpu_gemm)
     return model

@@ -13,7 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 import torch.nn.functional as F
+from torch import nn
+
+from shortconv.kernels.bound import BoundKernels, bind_kernels
 
 
 def _counting(calls: Counter[str], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,3 +58,12 @@ def force_triton_path(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         monkeypatch.setattr(mod, name, _counting(calls, name, getattr(mod, name)))
     monkeypatch.setattr(F, "scaled_dot_product_attention", _forbidden("torch SDPA"))
     return calls
+
+
+def rebind_kernels(model: nn.Module, device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give every layer of an already built `model` the kernels SHORTCONV_KERNELS names now, as
+    a model built now would have (layers bind theirs at build: `kernels.bound`); monkeypatch
+    restores the old ones."""
+    for m in model.modules():
+        if isinstance(getattr(m, "kernels", None), BoundKernels):
+            monkeypatch.setattr(m, "kernels", bind_kernels(device))

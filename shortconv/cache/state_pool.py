@@ -77,6 +77,18 @@ class StatePool:
             layers = kv_spec.layer_ids
             self.kv_caches.append(_kv_tensors(kv_spec, dtype, device) if layers else None)
             self._kv_pos.update({lid: (g, i) for i, lid in enumerate(layers)})
+        # NOTE: every layer's views, made once here: a decode step asks for each of them, and
+        # a `select` per layer per step was a measurable share of a batch-1 CPU step. The
+        # pool's tensors are never reallocated, so the views stay valid.
+        self._state_views = {
+            name: {lid: t[i] for lid, i in self._layer_pos[name].items()}
+            for name, t in self.states.items()
+        }
+        self._kv_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for lid, (g, i) in self._kv_pos.items():
+            caches = self.kv_caches[g]
+            assert caches is not None
+            self._kv_views[lid] = (caches[0][i], caches[1][i])
 
     @property
     def kv_spec(self) -> KVSpec | None:
@@ -94,7 +106,7 @@ class StatePool:
 
     def state(self, name: str, layer_id: int) -> torch.Tensor:
         """`[n_slots, *shape]` view of one layer's state of kind `name`."""
-        return self.states[name][self._layer_pos[name][layer_id]]
+        return self._state_views[name][layer_id]
 
     def kv_group_of(self, layer_id: int) -> int:
         """The KV group an attention layer's pages belong to."""
@@ -102,10 +114,7 @@ class StatePool:
 
     def kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat `[pages*page_size, Hk, d]` K and V views of one attention layer (its group's)."""
-        g, pos = self._kv_pos[layer_id]
-        caches = self.kv_caches[g]
-        assert caches is not None
-        return caches[0][pos], caches[1][pos]
+        return self._kv_views[layer_id]
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every state kind from slots `src` to slots `dst` (int64 device tensors)."""

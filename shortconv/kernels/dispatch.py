@@ -3,9 +3,10 @@
 The torch backend runs a kernel's CPU fast path (`*_cpu` modules) on CPU tensors where it has
 one, and the `*_ref` oracle otherwise (and on any other device).
 
-`SHORTCONV_KERNELS=torch|triton` forces one backend. It is read from os.environ on every call
-(a dict lookup), so tests can flip it with monkeypatch.setenv and nothing needs resetting.
-`SHORTCONV_KERNELS=triton` on CPU tensors works under `TRITON_INTERPRET=1`.
+`SHORTCONV_KERNELS=torch|triton` forces one backend. The entry points here read it from
+os.environ on every call, so kernel tests can flip it with monkeypatch.setenv; the layers bind
+their kernels once, when they are built (`kernels.bound`), so for a model it must be set before
+the model is built. `SHORTCONV_KERNELS=triton` on CPU tensors works under `TRITON_INTERPRET=1`.
 """
 
 from __future__ import annotations
@@ -89,6 +90,18 @@ def attention_context_buckets(
     return ladder if _triton_or_none(device, "attention_triton") is None else (max_model_len,)
 
 
+def _on_module(mod: ModuleType, name: str) -> Callable[..., torch.Tensor]:
+    """`mod.name`, looked up at call time: tests count or replace Triton kernels on their
+    module, after a layer has bound its kernels."""
+
+    def call(*args: Any, **kwargs: Any) -> torch.Tensor:
+        fn: Callable[..., torch.Tensor] = getattr(mod, name)
+        return fn(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 def _pick(
     device: torch.device,
     name: str,
@@ -99,7 +112,7 @@ def _pick(
     """Triton's `module.name`, else the CPU fast path `cpu` for CPU tensors, else `ref`."""
     mod = _triton_or_none(device, module)
     if mod is not None:
-        return getattr(mod, name)
+        return _on_module(mod, name)
     return cpu if cpu is not None and device.type == "cpu" else ref
 
 
@@ -114,7 +127,7 @@ def _entry(
 
     NOTE: every backend of an entry takes the same arguments as its `*_ref` oracle, so one
     forwarding body serves them all; the Triton function is looked up on its module at call
-    time (`name` + "_triton"), so tests can count or replace it there.
+    time (`name` + "_triton", `_on_module`), so tests can count or replace it there.
     """
 
     @functools.wraps(ref)
@@ -170,7 +183,7 @@ def cca_prev_value_update(
     return fn(v, prev_state, cache_indices, pad_slot_id)
 
 
-def paged_attention(
+def paged_attention_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -188,29 +201,43 @@ def paged_attention(
     sliding-window layer), and no backend reads a page wholly before a query chunk's first
     window, so those block-table entries may be scratch page 0 (freed pages).
 
-    Triton backend: the paged kernels read the pool in place through `step.block_tables`
-    (decode kernel when every row has one query, the varlen extend kernel otherwise); no SDPA.
-    Torch backend: on CPU with `scratch` (the backend's reused buffers) the gathered fast path
-    of `attention_cpu`, otherwise the padded SDPA reference; both derive their dense layout
-    from the block tables (`attention_dense`).
+    Triton backend (`paged_attention_triton`): the paged kernels read the pool in place
+    through `step.block_tables` (decode kernel when every row has one query, the varlen extend
+    kernel otherwise); no SDPA. Torch backend (`paged_attention_torch`): on CPU with
+    `scratch` (the backend's reused buffers) the gathered fast path of `attention_cpu`,
+    otherwise the padded SDPA reference; both derive their dense layout from the block tables
+    (`attention_dense`).
     """
-    mod = _triton_or_none(q.device, "attention_triton")
-    if mod is not None:
-        return _paged_attention_triton(mod, q, k_cache, v_cache, step, scale, window)
     if scratch is not None and q.device.type == "cpu" and k_cache.dtype == q.dtype:
         return paged_attention_cpu(q, k_cache, v_cache, step, scale, scratch, window)
     return paged_attention_ref(q, k_cache, v_cache, step, scale, scratch, window)
 
 
-def _paged_attention_triton(
+def attention_backend(device: torch.device) -> Callable[..., torch.Tensor]:
+    """`paged_attention`'s implementation for tensors on `device`."""
+    mod = _triton_or_none(device, "attention_triton")
+    return paged_attention_torch if mod is None else functools.partial(paged_attention_triton, mod)
+
+
+@functools.wraps(paged_attention_torch)
+def paged_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return attention_backend(q.device)(q, *args, **kwargs)
+
+
+paged_attention.__name__ = paged_attention.__qualname__ = "paged_attention"
+
+
+def paged_attention_triton(
     mod: ModuleType,
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     step: PagedAttentionStep,
     scale: float,
-    window: int,
+    scratch: StepScratch | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
+    """`paged_attention` on the Triton backend, its kernels on `mod` (`scratch` unused)."""
     # NOTE: the kernels are looked up on the module at call time (tests count them there).
     # Only host ints (max_query_len, page_size) and static shapes choose the kernel and its
     # grid, so graph capture sees no host sync.

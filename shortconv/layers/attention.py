@@ -10,7 +10,8 @@ from shortconv.configs.config import ModelConfig
 from shortconv.execution.backend import BaseStateBackend
 from shortconv.execution.head_shard import head_shard
 from shortconv.execution.parallel import ParallelContext
-from shortconv.kernels import paged_attention, write_kv
+from shortconv.kernels import write_kv
+from shortconv.kernels.bound import bind_kernels
 from shortconv.layers.linear import ColumnParallelLinear, ColumnSliceLinear, RowParallelLinear
 from shortconv.layers.norm import RMSNorm
 from shortconv.layers.rotary import RotaryEmbedding
@@ -39,6 +40,7 @@ class Lfm2Attention(nn.Module):
         )
         self.window = cfg.window_of(layer_id)
         self.rope = rope
+        self.kernels = bind_kernels()
 
     def forward(self, x: torch.Tensor, backend: BaseStateBackend) -> torch.Tensor:
         t = x.shape[0]
@@ -48,7 +50,7 @@ class Lfm2Attention(nn.Module):
         md = backend.attention_metadata(self.layer_id)
         q, k = self.rope(md.step.positions, q, k)
         write_kv(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
-        out = paged_attention(
+        out = self.kernels.paged_attention(
             q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch, window=self.window
         )
         if self.g_proj is not None:

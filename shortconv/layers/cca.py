@@ -26,13 +26,11 @@ from shortconv.execution.head_shard import HeadShard, head_shard
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.state_checkpoints import checkpoint_state
 from shortconv.kernels import (
-    cca_conv_fn,
-    cca_conv_update,
     cca_prev_value_fn,
     cca_prev_value_update,
-    paged_attention,
     write_kv,
 )
+from shortconv.kernels.bound import bind_kernels
 from shortconv.layers.linear import (
     ColumnSliceLinear,
     RowParallelLinear,
@@ -88,6 +86,7 @@ class CCAProjection(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, tp: ParallelContext):
         super().__init__()
         self.layer_id = layer_id
+        self.kernels = bind_kernels()
         d, h = cfg.head_dim, cfg.hidden_size
         self.head_dim = d
         heads = _heads(cfg, tp)
@@ -126,12 +125,12 @@ class CCAProjection(nn.Module):
         qk = torch.cat([q0, k0], dim=-1)
         dw, gw = self.conv_qk_depthwise, self.conv_qk_grouped
         if md.is_decode:
-            conv = cca_conv_update(
+            conv = self.kernels.cca_conv_update(
                 qk, md.conv_state, dw.weight, dw.bias, gw.weight, gw.bias, md.cache_indices
             )
         else:
             checkpoint_state(qk.t(), md.conv_state, md.step)
-            conv = cca_conv_fn(
+            conv = self.kernels.cca_conv_fn(
                 qk.t(),
                 dw.weight,
                 dw.bias,
@@ -192,6 +191,7 @@ class CCAAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, tp: ParallelContext, rope: RotaryEmbedding):
         super().__init__()
         self.layer_id = layer_id
+        self.kernels = bind_kernels()
         self.qkv_proj = CCAProjection(cfg, layer_id, tp)
         self.qk_norm = CCAQKNorm(cfg, tp)
         self.o_proj = RowParallelLinear(
@@ -206,5 +206,7 @@ class CCAAttention(nn.Module):
         md = backend.attention_metadata(self.layer_id)
         q, k = self.rope(md.step.positions, q, k)
         write_kv(k, v, md.k_cache, md.v_cache, md.step.slot_mapping)
-        out = paged_attention(q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch)
+        out = self.kernels.paged_attention(
+            q, md.k_cache, md.v_cache, md.step, self.scale, md.scratch
+        )
         return self.o_proj(out.reshape(x.shape[0], -1))

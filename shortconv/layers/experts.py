@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from shortconv.execution.parallel import ParallelContext
-from shortconv.kernels import fused_moe, resolve_backend
+from shortconv.kernels.bound import bind_kernels
 from shortconv.kernels.moe_ref import ACTIVATIONS
 from shortconv.layers.linear import mark_shard
 from shortconv.layers.linear_float import dense_linear
@@ -98,15 +98,18 @@ class FusedExperts(nn.Module):
         self.down_proj = mark_shard(nn.Parameter(torch.empty(num_experts, hidden, i_local)), 2)
         self.activation = activation
         self.act = ACTIVATIONS[activation]
+        self.kernels = bind_kernels()
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if resolve_backend(x.device) == "triton":
+        if self.kernels.backend == "triton":
             y = None
             if self.lora is not None:
                 gu, down = self.gate_up_proj, self.down_proj
                 y = self.lora.triton_forward(x, gu, down, ids, weights, self.activation)
             if y is None:
-                y = fused_moe(x, self.gate_up_proj, self.down_proj, ids, weights, self.activation)
+                y = self.kernels.fused_moe(
+                    x, self.gate_up_proj, self.down_proj, ids, weights, self.activation
+                )
             return self.tp.all_reduce(y)
         if self.capture_safe:
             return self.tp.all_reduce(self._forward_dense(x, ids, weights))

@@ -9,7 +9,7 @@ from shortconv.configs.config import ModelConfig
 from shortconv.execution.backend import BaseStateBackend, ShortConvMetadata
 from shortconv.execution.parallel import ParallelContext
 from shortconv.execution.state_checkpoints import checkpoint_state
-from shortconv.kernels import causal_conv1d_fn, causal_conv1d_update, fused_verify_conv
+from shortconv.kernels.bound import bind_kernels
 from shortconv.kernels.conv1d_verify_cpu import verify_conv1d_cpu
 from shortconv.layers.linear import ColumnParallelLinear, RowParallelLinear, mark_shard
 
@@ -18,6 +18,7 @@ class ShortConv(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, tp: ParallelContext):
         super().__init__()
         self.layer_id = layer_id
+        self.kernels = bind_kernels()  # for the device built on (see kernels.bound)
         h = cfg.hidden_size
         dim = tp.shard(h, "conv channels (hidden_size)")
         self.in_proj = ColumnParallelLinear(h, 3 * h, cfg.conv_bias, tp, parts=3)
@@ -31,7 +32,7 @@ class ShortConv(nn.Module):
         bu = b * u  # [T, dim]
         md = backend.conv_state_metadata(self.layer_id)
         if md.is_decode:
-            y = causal_conv1d_update(
+            y = self.kernels.causal_conv1d_update(
                 bu, md.conv_state, self.conv_weight, self.conv_bias, md.cache_indices
             )
         else:
@@ -41,12 +42,12 @@ class ShortConv(nn.Module):
     def _extend(self, x: torch.Tensor, md: ShortConvMetadata) -> torch.Tensor:
         """A prefill or verify step's conv of x [dim, T], its checkpoints written."""
         w, b, state = self.conv_weight, self.conv_bias, md.conv_state
-        if (rows := md.step.verify) is not None and fused_verify_conv(x.device):
+        if (rows := md.step.verify) is not None and self.kernels.fused_verify:
             # A verify step resolved once (`StepTensors.verify`): no per-layer row checks, and
             # its checkpoints and state in one scatter.
             slots = md.cache_indices
             return verify_conv1d_cpu(x, w, b, state, slots, rows.width, rows.state_slots)
         checkpoint_state(x, state, md.step)
-        return causal_conv1d_fn(
+        return self.kernels.causal_conv1d_fn(
             x, w, b, state, md.query_start_loc, md.cache_indices, md.has_initial_state
         )

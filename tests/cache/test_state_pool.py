@@ -20,8 +20,12 @@ def test_shapes_and_views():
     assert pool.state("conv", 2).shape == (6, 8, 2)
     k, v = pool.kv(3)
     assert k.shape == (20, 2, 4) and v.shape == (20, 2, 4)
-    pool.state("conv", 5)[1].fill_(3.0)  # views alias the pool
-    assert pool.states["conv"][2, 1].eq(3.0).all()
+    pool.state("conv", 5)[1].fill_(3.0)  # views alias the pool, each its own layer's
+    assert pool.states["conv"][2, 1].eq(3.0).all() and not pool.states["conv"][:2].any()
+    v[7].fill_(2.0)  # layer 3 is the second of its KV group
+    caches = pool.kv_caches[0]
+    assert caches is not None and caches[1][1, 7].eq(2.0).all() and not caches[1][0].any()
+    assert not k.any()
 
 
 def test_copy_slots_only_touches_destinations():

@@ -41,6 +41,7 @@ from graph_helpers import (
     window_groups,
     zaya_skip_reason,
 )
+from triton_path import rebind_kernels
 
 from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
@@ -90,8 +91,9 @@ def _use_kernels(kernels: str, runner, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the test on `kernels`: "torch" (the default CPU paths) or "triton" (interpreted).
 
     For "triton" the runner gets a fresh backend (step inputs of its own) with
-    SHORTCONV_KERNELS=triton set, as a runner built there would have; the pool is the same,
-    and monkeypatch restores the module fixture's backend afterwards."""
+    SHORTCONV_KERNELS=triton set and its layers' kernels bound again, as a runner built there
+    would have; the pool is the same, and monkeypatch restores the module fixture's backend
+    and kernels afterwards."""
     if kernels == "torch":
         return
     if importlib.util.find_spec("triton") is None:
@@ -102,6 +104,7 @@ def _use_kernels(kernels: str, runner, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     old = runner.backend
     monkeypatch.setattr(runner, "backend", ShortConvBackend(old.pool, old.device, old.extra_state))
+    rebind_kernels(runner.model, old.device, monkeypatch)
     assert resolve_backend(old.device) == "triton"
 
     def no_sdpa(*args: object, **kwargs: object) -> None:

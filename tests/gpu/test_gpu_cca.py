@@ -167,20 +167,21 @@ def _set_kernels(backend: str | None) -> None:
 
 def random_stack_tokens(device: str, backend: str, steps: int = 8) -> list[list[int]]:
     """Greedy tokens of a seeded random tiny ZAYA1 (prefill, then `steps - 1` decode steps)
-    with SHORTCONV_KERNELS=`backend`; no checkpoint and no transformers involved."""
-    stack = build_random_stack(
-        ZAYA_TINY,
-        device,
-        torch.float32,
-        engine_config(enable_graphs=False),
-        num_slots=NUM_SEQS + 2,
-        num_pages=1 + NUM_SEQS * PAGES_PER_SEQ,
-        seed=3,
-    )
+    with SHORTCONV_KERNELS=`backend` (set before the build: layers bind their kernels then);
+    no checkpoint and no transformers involved."""
     seqs, rows = Seqs([list(p) for p in PROMPTS]), list(range(len(PROMPTS)))
     saved = os.environ.get("SHORTCONV_KERNELS")
     _set_kernels(backend)
     try:
+        stack = build_random_stack(
+            ZAYA_TINY,
+            device,
+            torch.float32,
+            engine_config(enable_graphs=False),
+            num_slots=NUM_SEQS + 2,
+            num_pages=1 + NUM_SEQS * PAGES_PER_SEQ,
+            seed=3,
+        )
         with torch.inference_mode():
             plan = seqs.prefill()
             for _ in range(steps):
@@ -217,16 +218,13 @@ def test_zaya1_greedy_tokens_same_on_cuda():
     tokens = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_checkpoint("zaya1", tmp, {"cca_time0": 3, "cca_time1": 2}, seed=3)
-        llm = LLM(model=path, dtype="float32", device="cuda", seed=0, enable_graphs=False)
         try:
             for backend in ("torch", "triton"):
-                os.environ["SHORTCONV_KERNELS"] = backend
+                _set_kernels(backend)  # before the build: layers bind their kernels then
+                llm = LLM(model=path, dtype="float32", device="cuda", seed=0, enable_graphs=False)
                 outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
                 tokens[backend] = [o.token_ids for o in outs]
+                llm.shutdown()
         finally:
-            llm.shutdown()
-            if saved is None:
-                os.environ.pop("SHORTCONV_KERNELS", None)
-            else:
-                os.environ["SHORTCONV_KERNELS"] = saved
+            _set_kernels(saved)
     assert tokens["triton"] == tokens["torch"]

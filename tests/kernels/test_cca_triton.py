@@ -202,14 +202,14 @@ def test_zaya1_greedy_tokens_same_with_triton(tmp_path, monkeypatch: pytest.Monk
         monkeypatch.setattr(tri, name, spy)
     overrides = {"cca_time0": 3, "cca_time1": 2, "num_hidden_layers": 2}
     path = make_tiny_checkpoint("zaya1", tmp_path / "zaya1", overrides, seed=3)
-    llm = LLM(model=path, dtype="float32", seed=0, enable_graphs=False)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     prompts = [[5, 9, 13, 200, 7], [42, 3]]
     tokens = {}
     for backend in ("torch", "triton"):
-        monkeypatch.setenv("SHORTCONV_KERNELS", backend)
+        monkeypatch.setenv("SHORTCONV_KERNELS", backend)  # before the build: layers bind then
+        llm = LLM(model=path, dtype="float32", seed=0, enable_graphs=False)
         outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
         tokens[backend] = [o.token_ids for o in outs]
-    llm.shutdown()
+        llm.shutdown()
     assert calls["fn"] > 0 and calls["update"] > 0  # the Triton path really ran
     assert tokens["triton"] == tokens["torch"]

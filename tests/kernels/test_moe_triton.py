@@ -13,6 +13,8 @@ from typing import TypeVar
 
 import pytest
 import torch
+from torch import nn
+from triton_path import rebind_kernels
 
 pytest.importorskip("triton")
 
@@ -297,8 +299,12 @@ def _spy_triton(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _by_backend(monkeypatch: pytest.MonkeyPatch, run: Callable[[], R], backend: str) -> R:
+def _by_backend(
+    monkeypatch: pytest.MonkeyPatch, block: nn.Module, run: Callable[[], R], backend: str
+) -> R:
+    """`run()` with `block`'s kernels bound under SHORTCONV_KERNELS=backend (as if built so)."""
     monkeypatch.setenv("SHORTCONV_KERNELS", backend)
+    rebind_kernels(block, torch.device("cpu"), monkeypatch)
     with torch.inference_mode():
         return run()
 
@@ -310,9 +316,9 @@ def test_lfm2_moe_block_triton_matches_torch(t: int, monkeypatch: pytest.MonkeyP
     _randomize_(block, seed=5)
     x = torch.randn(t, cfg.hidden_size, generator=torch.Generator().manual_seed(t))
     calls = _spy_triton(monkeypatch)
-    ref = _by_backend(monkeypatch, lambda: block(x), "torch")
+    ref = _by_backend(monkeypatch, block, lambda: block(x), "torch")
     assert not calls
-    got = _by_backend(monkeypatch, lambda: block(x), "triton")
+    got = _by_backend(monkeypatch, block, lambda: block(x), "triton")
     assert calls  # the layer really dispatched to the Triton kernel
     assert ref.abs().sum() > 0
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
@@ -342,8 +348,8 @@ def test_zaya1_moe_block_triton_matches_torch(
     skipped = ids[:, 0] == cfg.num_experts
     assert 0 < int(skipped.sum()) < t
     calls = _spy_triton(monkeypatch)
-    ref, ref_state = _by_backend(monkeypatch, lambda: block(x, prev), "torch")
-    got, got_state = _by_backend(monkeypatch, lambda: block(x, prev), "triton")
+    ref, ref_state = _by_backend(monkeypatch, block, lambda: block(x, prev), "torch")
+    got, got_state = _by_backend(monkeypatch, block, lambda: block(x, prev), "triton")
     assert calls
     torch.testing.assert_close(got_state, ref_state)
     assert torch.equal(got[skipped], torch.zeros_like(got[skipped]))

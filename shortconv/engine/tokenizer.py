@@ -129,14 +129,16 @@ class Tokenizer:
     def load(cls, model_dir: str | Path) -> Tokenizer | None:
         """Load from a local directory; None when it holds no tokenizer files. A tokenizer slow
         to build is kept in the user's cache for the next start (tokenizer_cache.py); the
-        class that builds it is chosen without torch where it can be (tokenizer_backend.py)."""
+        class that builds it is chosen without torch where it can be (tokenizer_backend.py);
+        its save-only copies are dropped (tokenizer_slim.py)."""
         from shortconv.engine.tokenizer_backend import build_hf_tokenizer
         from shortconv.engine.tokenizer_cache import load_or_build
+        from shortconv.engine.tokenizer_slim import drop_save_only_copies
 
         path = Path(model_dir)
         if not any((path / name).is_file() for name in _TOKENIZER_FILES):
             return None
-        return cls(load_or_build(path, lambda: build_hf_tokenizer(path)))
+        return cls(drop_save_only_copies(load_or_build(path, lambda: build_hf_tokenizer(path))))
 
     @property
     def eos_token_id(self) -> int | None:

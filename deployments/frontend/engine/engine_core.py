@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -51,6 +52,7 @@ from deployments.frontend.engine.state_ops import run_state_op
 from shortconv.engine.outputs import FinishReason
 from shortconv.metrics.recorder import attach_metrics
 from workers.cluster_seat import join_cluster
+from workers.heap_trim import heap_trimmer
 from workers.process_priority import set_niceness
 from workers.startup import PhaseClock
 
@@ -64,10 +66,18 @@ class _Stop(Exception):
 
 
 class EngineCore:
-    """The loop of the core process over one engine; `relay` carries its metric updates."""
+    """The loop of the core process over one engine; `relay` carries its metric updates;
+    `trim_heap` runs each time the engine goes idle (workers/heap_trim.py)."""
 
-    def __init__(self, conn: Connection, engine: EngineLike, relay: RelaySink) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        engine: EngineLike,
+        relay: RelaySink,
+        trim_heap: Callable[[], None],
+    ) -> None:
         self.conn, self.engine, self.relay = conn, engine, relay
+        self.trim_heap = trim_heap
 
     def status(self) -> Status:
         ids = tuple(self.engine.sessions.session_ids())
@@ -82,6 +92,8 @@ class EngineCore:
                 outs = engine.step()
                 deltas = tuple(CoreOutput(o.request_id, delta_of(o)) for o in outs)
                 send(self.conn, StepOut(deltas, self.status()))
+                if not engine.has_unfinished():  # the burst's last step, its outputs sent:
+                    self.trim_heap()  # what its activations freed goes back to the OS
             else:  # idle: no schedule() sweeps session TTLs, no step refreshes the gauges
                 engine.sessions.evict_idle()
                 engine.refresh_metrics()
@@ -172,7 +184,9 @@ def run_core(conn: Connection) -> None:
         engine = make_engine(args, start.factory, clock, start.seat)
         relay = RelaySink()
         attach_metrics(engine, relay)
-        core = EngineCore(conn, engine, relay)
+        trim_heap = heap_trimmer()
+        trim_heap()  # what loading freed (the tokenizer's build, the checkpoint's header)
+        core = EngineCore(conn, engine, relay, trim_heap)
         send(conn, ready(engine, clock, core, start.factory))
         core.run()
     except _Stop:

@@ -25,7 +25,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 from graph_helpers import (
     CONTEXTS,
     NUM_SEQS,
@@ -41,7 +40,7 @@ from graph_helpers import (
     window_groups,
     zaya_skip_reason,
 )
-from triton_path import rebind_kernels
+from triton_path import force_triton_path, rebind_kernels
 
 from shortconv.errors import ConfigError
 from shortconv.execution.backend import ShortConvBackend
@@ -100,17 +99,13 @@ def _use_kernels(kernels: str, runner, monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("triton is not installed")
     if runner.cfg.arch == "lfm2_moe":
         pytest.skip("LFM2-MoE's attention is LFM2's (checked there); time kept for the others")
-    monkeypatch.setenv("SHORTCONV_KERNELS", "triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # Sets SHORTCONV_KERNELS=triton and the interpreter, and forbids torch SDPA and the torch
+    # path's [B, L] gather: a layer left on its build-time torch kernels fails the test.
+    force_triton_path(monkeypatch)
     old = runner.backend
     monkeypatch.setattr(runner, "backend", ShortConvBackend(old.pool, old.device, old.extra_state))
     rebind_kernels(runner.model, old.device, monkeypatch)
     assert resolve_backend(old.device) == "triton"
-
-    def no_sdpa(*args: object, **kwargs: object) -> None:
-        raise AssertionError("torch SDPA called under SHORTCONV_KERNELS=triton")
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", no_sdpa)
 
 
 def _rows_for(n: int, bucket: int) -> list[int]:

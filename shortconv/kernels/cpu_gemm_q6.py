@@ -54,7 +54,7 @@ class Q6Weight:
 
     def codes(self) -> torch.Tensor:
         """The codes as int64 [out, in / 32, 32] in -32..31, in weight order."""
-        return unpack_codes(self.q.view(self.out_features, -1, BLOCK_BYTES))
+        return unpack_codes(self.q)
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight [out, in] the codes stand for."""
@@ -69,25 +69,62 @@ class Q6Weight:
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """codes [..., 32] in -32..31 -> uint8 [..., 24]: u = c + 32; bytes 0..15 hold u's low
-    nibble of weight j (low) and of weight j + 16 (high); bytes 16..23: byte i holds u's 2-bit
-    high part of weights i, i + 8, i + 16, i + 24 at bits 0, 2, 4, 6."""
-    u = (codes + 32).to(torch.int64)
-    low = u & 0x0F
-    nibbles = low[..., :16] | (low[..., 16:] << 4)
-    high = (u >> 4).unflatten(-1, (4, 8))  # [..., t, i]: weight 8t + i
-    shifts = torch.arange(0, 8, 2).unsqueeze(-1)  # bits 2t
-    high_bytes = (high << shifts).sum(-2)
-    return torch.cat([nibbles, high_bytes], dim=-1).to(torch.uint8)
+    """codes [rows, nb, 32] in -32..31 -> uint8 [rows, nb * 24] (24 bytes a block).
+
+    Each whole group of 4 blocks is 96 bytes laid out for the VNNI tile's registers (the
+    kernel's header says why): in "quad order" register t (0..3) holds weights [8t, 8t + 8) of
+    each of the 4 blocks in turn, so its word w is block w // 8's weight 8t + w % 8. With s the
+    code's 6-bit two's complement (c & 63): bytes 0..63 are 32 little-endian words, word w
+    holding s of register 0 at bits 10-15, of register 1 at bits 4-9 and the low 4 bits of
+    register 2's at bits 0-3; bytes 64..95: byte w holds register 3's s at bits 2-7 and the high
+    2 bits of register 2's at bits 0-1. The last nb % 4 blocks, each alone: u = c + 32; bytes
+    0..15 hold u's low nibble of weight j (low) and of weight j + 16 (high); bytes 16..23: byte i
+    holds u's 2-bit high part of weights i, i + 8, i + 16, i + 24 at bits 0, 2, 4, 6."""
+    rows, nb, _ = codes.shape
+    whole = nb // 4 * 4
+    parts = []
+    if whole:
+        # [rows, groups, block b, register t, i] -> [rows, groups, t, w = 8b + i]
+        quad = codes[:, :whole].reshape(rows, -1, 4, 4, 8).transpose(2, 3).reshape(rows, -1, 4, 32)
+        s = quad.to(torch.int64) & 63
+        words = (s[..., 0, :] << 10) | (s[..., 1, :] << 4) | (s[..., 2, :] & 15)
+        word_bytes = torch.stack([words & 0xFF, words >> 8], dim=-1).flatten(-2)
+        high = (s[..., 3, :] << 2) | (s[..., 2, :] >> 4)
+        parts.append(torch.cat([word_bytes, high], dim=-1).reshape(rows, -1))
+    if nb > whole:
+        u = (codes[:, whole:] + 32).to(torch.int64)
+        low = u & 0x0F
+        nibbles = low[..., :16] | (low[..., 16:] << 4)
+        tail_high = (u >> 4).unflatten(-1, (4, 8))  # [..., t, i]: weight 8t + i
+        shifts = torch.arange(0, 8, 2).unsqueeze(-1)  # bits 2t
+        parts.append(torch.cat([nibbles, (tail_high << shifts).sum(-2)], dim=-1).reshape(rows, -1))
+    return torch.cat(parts, dim=-1).to(torch.uint8)
 
 
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., 24] -> int64 codes [..., 32] (pack_codes' inverse)."""
+    """uint8 [rows, nb * 24] -> int64 codes [rows, nb, 32] in weight order (pack_codes'
+    inverse, written from the layout, not from pack_codes' steps)."""
+    rows, nb = packed.shape[0], packed.shape[1] // BLOCK_BYTES
+    whole = nb // 4 * 4
     b = packed.to(torch.int64)
-    low = torch.cat([b[..., :16] & 0x0F, b[..., :16] >> 4], dim=-1)
-    shifts = torch.arange(0, 8, 2).unsqueeze(-1)
-    high = ((b[..., 16:].unsqueeze(-2) >> shifts) & 3).flatten(-2)
-    return low + (high << 4) - 32
+    blocks = []
+    if whole:
+        g = b[:, : whole * BLOCK_BYTES].reshape(rows, -1, 96)
+        words = g[..., 0:64:2] | (g[..., 1:64:2] << 8)  # [rows, groups, w]
+        high = g[..., 64:]
+        s = torch.stack(
+            [words >> 10, (words >> 4) & 63, (words & 15) | ((high & 3) << 4), high >> 2], dim=-2
+        )  # [rows, groups, t, w]
+        c = s - 64 * (s >= 32)
+        # w = 8 * block + i -> weight 8t + i of that block
+        blocks.append(c.reshape(rows, -1, 4, 4, 8).transpose(2, 3).reshape(rows, whole, 32))
+    if nb > whole:
+        t = b[:, whole * BLOCK_BYTES :].reshape(rows, -1, BLOCK_BYTES)
+        low = torch.cat([t[..., :16] & 0x0F, t[..., :16] >> 4], dim=-1)
+        shifts = torch.arange(0, 8, 2).unsqueeze(-1)
+        tail_high = ((t[..., 16:].unsqueeze(-2) >> shifts) & 3).flatten(-2)
+        blocks.append(low + (tail_high << 4) - 32)
+    return torch.cat(blocks, dim=1)
 
 
 def quantize_q6(weight: torch.Tensor) -> Q6Weight:
@@ -103,7 +140,7 @@ def quantize_q6(weight: torch.Tensor) -> Q6Weight:
     for _ in range(REFITS):
         scale = _least_squares_scale(blocks, codes, scale)
         codes = _nearest_codes(blocks, scale)
-    packed = pack_codes(codes.to(torch.int64)).reshape(rows, -1).contiguous()
+    packed = pack_codes(codes.to(torch.int64)).contiguous()
     return Q6Weight(packed, scale.squeeze(-1).half().contiguous())
 
 

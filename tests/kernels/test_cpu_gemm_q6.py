@@ -83,16 +83,28 @@ def test_a_row_alone_is_its_row_in_any_batch_bitwise(n: int, k: int, isa: str) -
 
 
 def test_pack_unpack_round_trip_and_layout() -> None:
-    codes = torch.arange(-32, 32).repeat(3).view(6, 32)
-    codes[1] = codes[1].flip(0)
+    # 6 rows of 5 blocks (a group of 4 and a tail block), every code in each row, shuffled.
+    g = torch.Generator().manual_seed(1)
+    codes = torch.stack(
+        [torch.arange(-32, 32).repeat(3)[torch.randperm(192, generator=g)][:160] for _ in range(6)]
+    )
+    codes = codes.view(6, 5, 32)
     packed = pack_codes(codes)
-    assert packed.dtype == torch.uint8 and packed.shape == (6, 24)
+    assert packed.dtype == torch.uint8 and packed.shape == (6, 5 * 24)
     assert torch.equal(unpack_codes(packed), codes)
-    # Byte j: weight j's low nibble low, weight j + 16's high; byte 16 + i: the high parts of
-    # weights i, i + 8, i + 16, i + 24 at bits 0, 2, 4, 6 (of code + 32).
-    u = [int(c) + 32 for c in codes[0]]
-    assert int(packed[0, 3]) == (u[3] & 15) | ((u[19] & 15) << 4)
-    assert int(packed[0, 16 + 5]) == sum((u[5 + 8 * t] >> 4) << 2 * t for t in range(4))
+    # The group: word w (bytes 2w, 2w + 1) and byte 64 + w hold block w // 8's weights
+    # 8t + w % 8 for registers t = 0..3, as s = code & 63: s0 at bits 10-15, s1 at 4-9, s2's low
+    # 4 bits at 0-3; s3 at bits 2-7 of the byte, s2's high 2 bits at 0-1.
+    row = packed[2].tolist()
+    for w in (0, 13, 19, 31):
+        s = [int(codes[2, w // 8, 8 * t + w % 8]) & 63 for t in range(4)]
+        assert row[2 * w] | (row[2 * w + 1] << 8) == (s[0] << 10) | (s[1] << 4) | (s[2] & 15)
+        assert row[64 + w] == (s[3] << 2) | (s[2] >> 4)
+    # The tail block at byte 96: byte j: weight j's low nibble low, weight j + 16's high; byte
+    # 16 + i: the high parts of weights i, i + 8, i + 16, i + 24 at bits 0, 2, 4, 6 (of code + 32).
+    u = [int(c) + 32 for c in codes[2, 4]]
+    assert row[96 + 3] == (u[3] & 15) | ((u[19] & 15) << 4)
+    assert row[96 + 16 + 5] == sum((u[5 + 8 * t] >> 4) << 2 * t for t in range(4))
 
 
 def test_quantize_q6_error_and_format() -> None:
